@@ -1,0 +1,1 @@
+"""llmqueue: tenants, tiers and quotas, admission, and submission of prompts to GPU pools."""

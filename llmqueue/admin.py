@@ -1,0 +1,104 @@
+"""Django admin for tiers, tenants, keys, served models and requests: thin, logic lives elsewhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from llmqueue.apikeys import assign_new_secret
+from llmqueue.models import ApiKey, PromptRequest, ServedModel, Tenant, Tier
+
+
+@admin.register(Tier)
+class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("name", "priority", "weight", "max_wait_seconds", "max_queue_depth", "default_max_tokens")
+    list_editable = ("priority", "weight", "max_wait_seconds", "max_queue_depth")
+    search_fields = ("name",)
+
+
+class ApiKeyInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = ApiKey
+    extra = 0
+    fields = ("prefix", "name", "created_at", "revoked_at")
+    readonly_fields = ("prefix", "created_at")
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # keys are created on the API key page, where the plaintext is shown once
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "name",
+        "tier",
+        "is_active",
+        "requests_per_second",
+        "burst",
+        "tokens_per_minute",
+        "max_tokens_per_request",
+    )
+    list_filter = ("tier", "is_active")
+    list_editable = ("is_active",)
+    search_fields = ("name",)
+    inlines = [ApiKeyInline]
+
+
+@admin.action(description="Revoke selected keys")
+def revoke_keys(modeladmin: Any, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+    count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    modeladmin.message_user(request, f"Revoked {count} key(s).")
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("prefix", "name", "tenant", "created_at", "revoked_at")
+    list_filter = ("tenant", ("revoked_at", admin.EmptyFieldListFilter))
+    search_fields = ("prefix", "name", "tenant__name")
+    readonly_fields = ("prefix", "created_at")
+    fields = ("tenant", "name", "prefix", "created_at", "revoked_at")
+    actions = [revoke_keys]
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if not change:
+            plaintext = assign_new_secret(obj)
+            messages.warning(request, f"New API key — copy it now, it is not shown again: {plaintext}")
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(ServedModel)
+class ServedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("name", "pool", "context_length", "max_tokens", "is_enabled")
+    list_filter = ("pool", "is_enabled")
+    search_fields = ("name", "pool")
+
+
+@admin.register(PromptRequest)
+class PromptRequestAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "id",
+        "tenant",
+        "tier",
+        "model",
+        "kind",
+        "status",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "prompt_tokens",
+        "completion_tokens",
+        "attempts",
+    )
+    list_filter = ("status", "tier", "kind", "model", "tenant")
+    search_fields = ("id", "tenant__name", "prompt", "worker")
+    date_hierarchy = "enqueued_at"
+    list_select_related = ("tenant", "tier")
+    readonly_fields = [f.name for f in PromptRequest._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # requests come in through the API

@@ -1,0 +1,79 @@
+"""Authentication: a bearer key becomes a Caller, a cached snapshot of its tenant and tier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.http import HttpRequest
+
+from llmqueue.apikeys import hash_key
+from llmqueue.errors import Forbidden, Unauthenticated
+from llmqueue.models import ApiKey
+from llmqueue.ttl_cache import TtlCache
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What admission needs about the key's tenant and tier, read from the DB at most every
+    LLMQUEUE_AUTH_CACHE_SECONDS."""
+
+    key_id: int
+    tenant_id: int
+    tenant_name: str
+    tenant_active: bool
+    key_revoked: bool
+    max_tokens_per_request: int
+    tier_id: int
+    tier_name: str
+    tier_priority: int
+    max_wait_seconds: int
+    default_max_tokens: int
+
+
+_callers: TtlCache[str, Caller | None] = TtlCache(settings.LLMQUEUE_AUTH_CACHE_SECONDS)
+
+
+def _load_caller(key_hash: str) -> Caller | None:
+    key = ApiKey.objects.select_related("tenant__tier").filter(key_hash=key_hash).first()
+    if key is None:
+        return None
+    tenant, tier = key.tenant, key.tenant.tier
+    return Caller(
+        key_id=key.pk,
+        tenant_id=tenant.pk,
+        tenant_name=tenant.name,
+        tenant_active=tenant.is_active,
+        key_revoked=key.is_revoked,
+        max_tokens_per_request=tenant.max_tokens_per_request,
+        tier_id=tier.pk,
+        tier_name=tier.name,
+        tier_priority=tier.priority,
+        max_wait_seconds=tier.max_wait_seconds,
+        default_max_tokens=tier.default_max_tokens,
+    )
+
+
+def bearer_token(request: HttpRequest) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("Missing API key: send 'Authorization: Bearer <key>'.")
+    return token.strip()
+
+
+def authenticate(request: HttpRequest) -> Caller:
+    """The request's Caller, or 401 (unknown/revoked key) / 403 (inactive tenant)."""
+    caller = _callers.get(hash_key(bearer_token(request)), _load_caller)
+    if caller is None:
+        raise Unauthenticated("Incorrect API key provided.")
+    if caller.key_revoked:
+        raise Unauthenticated("This API key has been revoked.", code="revoked_api_key")
+    if not caller.tenant_active:
+        raise Forbidden(f"Tenant {caller.tenant_name!r} is deactivated.")
+    return caller
+
+
+def forget_cached_callers() -> None:
+    """Drop this process's cached callers (tests; an admin save in this same process)."""
+    _callers.clear()

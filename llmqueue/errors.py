@@ -1,0 +1,112 @@
+"""Typed API errors, each carrying its HTTP status and Retry-After, and their one JSON rendering."""
+
+from __future__ import annotations
+
+import math
+
+from django.http import JsonResponse
+
+
+class ApiError(Exception):
+    """An error the API reports to the caller in OpenAI's error shape."""
+
+    status = 400
+    type = "invalid_request_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_seconds: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.retry_after_seconds = retry_after_seconds
+        self.headers = headers or {}
+
+
+class BadRequest(ApiError):
+    status = 400
+    code = "invalid_request"
+
+
+class InvalidParameter(ApiError):
+    """The body parsed, but a value is out of range or beyond a limit."""
+
+    status = 422
+    code = "invalid_parameter"
+
+
+class Unauthenticated(ApiError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(ApiError):
+    status = 403
+    type = "permission_error"
+    code = "tenant_inactive"
+
+
+class NotFound(ApiError):
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(ApiError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class PromptTooLarge(ApiError):
+    status = 413
+    code = "context_length_exceeded"
+
+
+class Unavailable(ApiError):
+    status = 503
+    type = "server_error"
+    code = "unavailable"
+
+
+class GenerationFailed(ApiError):
+    status = 500
+    type = "server_error"
+    code = "generation_failed"
+
+
+class WaitTimeout(ApiError):
+    """The blocking wait ran out; the request stays queued and can be polled."""
+
+    status = 504
+    type = "timeout"
+    code = "wait_timeout"
+
+
+class RequestExpired(ApiError):
+    """The request's deadline passed before an engine took it; it was never generated."""
+
+    status = 504
+    type = "timeout"
+    code = "expired"
+
+
+def error_response(error: ApiError) -> JsonResponse:
+    """Render an ApiError as OpenAI's error body, with Retry-After when it has one."""
+    body = {"error": {"message": error.message, "type": error.type, "code": error.code}}
+    if error.param is not None:
+        body["error"]["param"] = error.param
+    response = JsonResponse(body, status=error.status)
+    if error.retry_after_seconds is not None:
+        response["Retry-After"] = str(max(1, math.ceil(error.retry_after_seconds)))
+    for name, value in error.headers.items():
+        response[name] = value
+    return response

@@ -1,0 +1,127 @@
+"""A request's state transitions in the DB (claim, finish, expire), batched and race-safe.
+
+Delivery is at-least-once (acks_late, visibility timeout), so every transition is a conditional
+UPDATE: only one worker's claim attempt can finish a request, and a finished request is never
+claimed again. Each function takes many requests so a worker's one DB thread can batch them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection, transaction
+
+from llmqueue.models import PromptRequest
+
+S = PromptRequest.Status
+_TABLE = PromptRequest._meta.db_table
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's right to run a request: `attempt` numbers it; None means do not run."""
+
+    request_id: uuid.UUID
+    attempt: int | None
+    expired: bool = False
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The outcome a claim attempt wants to record."""
+
+    request_id: uuid.UUID
+    attempt: int
+    succeeded: bool
+    output_text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str = ""
+    error: str = ""
+
+
+def _db_ids(ids: Sequence[uuid.UUID]) -> list[object]:
+    pk = PromptRequest._meta.pk
+    assert pk is not None
+    return [pk.get_db_prep_value(i, connection) for i in ids]
+
+
+def _placeholders(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+def _update_returning_ids(sql: str, params: list[object]) -> list[tuple[uuid.UUID, int]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(uuid.UUID(str(row[0])), int(row[1])) for row in cursor.fetchall()]
+
+
+def expire(ids: Sequence[uuid.UUID], now: datetime, overdue_only: bool = False) -> set[uuid.UUID]:
+    """Mark unfinished requests expired (only those past their deadline if `overdue_only`)."""
+    if not ids:
+        return set()
+    sql = (
+        f"UPDATE {_TABLE} SET status = %s, finished_at = %s, error = %s "
+        f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s)"
+    )
+    params: list[object] = [S.EXPIRED, now, "deadline passed before an engine took it"]
+    params += [*_db_ids(ids), S.QUEUED, S.RUNNING]
+    if overdue_only:
+        sql += " AND deadline_at <= %s"
+        params.append(now)
+    return {i for i, _ in _update_returning_ids(sql + " RETURNING id, attempts", params)}
+
+
+def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUID, Claim]:
+    """Claim requests for `worker`. A queued request is claimed; a running one too, since its
+    message was redelivered (its worker died, or the visibility timeout passed): the new attempt
+    takes over and the old one can no longer finish it. Overdue requests are expired instead."""
+    if not ids:
+        return {}
+    with transaction.atomic():
+        expired = expire(ids, now, overdue_only=True)
+        live = [i for i in ids if i not in expired]
+        claimed: dict[uuid.UUID, int] = {}
+        if live:
+            claimed = dict(
+                _update_returning_ids(
+                    f"UPDATE {_TABLE} SET status = %s, attempts = attempts + 1, worker = %s, "
+                    f"started_at = %s WHERE id IN ({_placeholders(len(live))}) "
+                    f"AND status IN (%s, %s) RETURNING id, attempts",
+                    [S.RUNNING, worker, now, *_db_ids(live), S.QUEUED, S.RUNNING],
+                )
+            )
+    return {
+        i: Claim(i, claimed.get(i), expired=i in expired) for i in ids
+    }
+
+
+def finish(outcomes: Sequence[Finish], now: datetime) -> set[uuid.UUID]:
+    """Record outcomes; returns the ids whose attempt still held the claim (the only ones whose
+    result may be published)."""
+    won: set[uuid.UUID] = set()
+    with transaction.atomic(), connection.cursor() as cursor:
+        for o in outcomes:
+            cursor.execute(
+                f"UPDATE {_TABLE} SET status = %s, finished_at = %s, output_text = %s, "
+                f"prompt_tokens = %s, completion_tokens = %s, finish_reason = %s, error = %s "
+                f"WHERE id = %s AND attempts = %s AND status = %s",
+                [
+                    S.SUCCEEDED if o.succeeded else S.FAILED,
+                    now,
+                    o.output_text,
+                    o.prompt_tokens,
+                    o.completion_tokens,
+                    o.finish_reason,
+                    o.error,
+                    *_db_ids([o.request_id]),
+                    o.attempt,
+                    S.RUNNING,
+                ],
+            )
+            if cursor.rowcount == 1:
+                won.add(o.request_id)
+    return won

@@ -1,0 +1,132 @@
+"""Tenants, service tiers, API keys, served models and prompt requests."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class Tier(models.Model):
+    """A service class: its share of the GPU, its waiting bound and its queue cap."""
+
+    name = models.SlugField(max_length=40, unique=True, help_text="Part of the queue name.")
+    priority = models.PositiveSmallIntegerField(
+        default=5, help_text="0 is the most urgent; passed to vLLM's priority scheduler."
+    )
+    weight = models.PositiveIntegerField(default=1, help_text="Relative share of engine slots.")
+    max_wait_seconds = models.PositiveIntegerField(
+        default=60, help_text="Deadline from enqueue; also how long a blocking call waits."
+    )
+    max_queue_depth = models.PositiveIntegerField(default=10_000)
+    default_max_tokens = models.PositiveIntegerField(default=256)
+
+    class Meta:
+        ordering = ["priority", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tenant(models.Model):
+    """A customer of the queue: bound to one tier, limited by its quotas."""
+
+    name = models.CharField(max_length=100, unique=True)
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
+    is_active = models.BooleanField(default=True)
+    requests_per_second = models.FloatField(default=10.0)
+    burst = models.PositiveIntegerField(default=20, help_text="Requests allowed at once.")
+    tokens_per_minute = models.PositiveIntegerField(default=1_000_000)
+    max_tokens_per_request = models.PositiveIntegerField(default=4096)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKey(models.Model):
+    """A tenant's secret: only its SHA-256 is stored; the prefix identifies it in lists."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16, db_index=True, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.tenant})"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+
+class ServedModel(models.Model):
+    """A model name callers may ask for, and the worker pool that serves it."""
+
+    name = models.CharField(max_length=200, unique=True, help_text="The API's `model` value.")
+    pool = models.SlugField(max_length=60, help_text="Worker pool whose queues carry it.")
+    context_length = models.PositiveIntegerField(default=2048)
+    max_tokens = models.PositiveIntegerField(default=1024, help_text="Cap on max_tokens.")
+    is_enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PromptRequest(models.Model):
+    """One caller request; its id is the Celery task id. The row is the source of truth."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        EXPIRED = "expired"
+        CANCELLED = "cancelled"
+
+    class Kind(models.TextChoices):
+        COMPLETION = "completion"
+        CHAT = "chat"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="requests")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="requests")
+    model = models.CharField(max_length=200)
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    prompt = models.TextField(blank=True)
+    messages = models.JSONField(null=True, blank=True)
+    params = models.JSONField(default=dict, help_text="Sampling parameters as sent to the engine.")
+    status = models.CharField(
+        max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True
+    )
+    attempts = models.PositiveSmallIntegerField(default=0, help_text="Claims by workers.")
+    worker = models.CharField(max_length=200, blank=True)
+    enqueued_at = models.DateTimeField(db_index=True)
+    deadline_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_text = models.TextField(blank=True)
+    finish_reason = models.CharField(max_length=20, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-enqueued_at"]
+        indexes = [models.Index(fields=["tenant", "-enqueued_at"])]
+
+    def __str__(self) -> str:
+        return str(self.id)

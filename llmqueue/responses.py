@@ -1,0 +1,95 @@
+"""OpenAI-shaped response bodies for completions, chat, models and request status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmqueue.models import PromptRequest, ServedModel
+
+S = PromptRequest.Status
+
+
+def _usage(result: dict[str, Any]) -> dict[str, int]:
+    prompt, completion = result["prompt_tokens"] or 0, result["completion_tokens"] or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def completion_body(row: PromptRequest, result: dict[str, Any]) -> dict[str, Any]:
+    """The body OpenAI returns for this request's kind, from a result dict (text, token counts,
+    finish_reason)."""
+    created = int(row.enqueued_at.timestamp())
+    if row.kind == PromptRequest.Kind.CHAT:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": result["text"]},
+            "finish_reason": result["finish_reason"],
+            "logprobs": None,
+        }
+        return {
+            "id": f"chatcmpl-{row.id}",
+            "object": "chat.completion",
+            "created": created,
+            "model": row.model,
+            "choices": [choice],
+            "usage": _usage(result),
+        }
+    return {
+        "id": f"cmpl-{row.id}",
+        "object": "text_completion",
+        "created": created,
+        "model": row.model,
+        "choices": [
+            {"index": 0, "text": result["text"], "finish_reason": result["finish_reason"], "logprobs": None}
+        ],
+        "usage": _usage(result),
+    }
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def request_body(row: PromptRequest) -> dict[str, Any]:
+    """A request's status; `result` holds the completion body once it succeeded."""
+    result = None
+    if row.status == S.SUCCEEDED:
+        result = completion_body(
+            row,
+            {
+                "text": row.output_text,
+                "prompt_tokens": row.prompt_tokens,
+                "completion_tokens": row.completion_tokens,
+                "finish_reason": row.finish_reason,
+            },
+        )
+    return {
+        "id": str(row.id),
+        "object": "llmqueue.request",
+        "status": row.status,
+        "model": row.model,
+        "kind": row.kind,
+        "enqueued_at": _iso(row.enqueued_at),
+        "deadline_at": _iso(row.deadline_at),
+        "started_at": _iso(row.started_at),
+        "finished_at": _iso(row.finished_at),
+        "attempts": row.attempts,
+        "result": result,
+        "error": row.error or None,
+    }
+
+
+def models_body(models: list[ServedModel]) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": m.name,
+                "object": "model",
+                "created": int(m.created_at.timestamp()),
+                "owned_by": "llmqueue",
+                "context_length": m.context_length,
+                "max_tokens": m.max_tokens,
+            }
+            for m in models
+        ],
+    }

@@ -1,0 +1,62 @@
+"""Routing: which pool serves a model, and which broker queue carries a (pool, tier)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from llmqueue import liveness
+from llmqueue.errors import NotFound
+from llmqueue.models import ServedModel, Tier
+from llmqueue.redis_client import get_redis
+from llmqueue.ttl_cache import TtlCache
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    name: str
+    pool: str
+    context_length: int
+    max_tokens: int
+
+
+def queue_name(pool: str, tier: str) -> str:
+    """One broker queue per (pool, tier): visible in Flower, ordered by the worker's policy."""
+    return f"{pool}.{tier}"
+
+
+def pool_queues(pool: str) -> list[str]:
+    """Every tier's queue of `pool`, most urgent tier first."""
+    return [queue_name(pool, name) for name in Tier.objects.values_list("name", flat=True)]
+
+
+def _load_route(name: str) -> ModelRoute | None:
+    model = ServedModel.objects.filter(name=name, is_enabled=True).first()
+    if model is None:
+        return None
+    return ModelRoute(model.name, model.pool, model.context_length, model.max_tokens)
+
+
+_routes: TtlCache[str, ModelRoute | None] = TtlCache(settings.LLMQUEUE_AUTH_CACHE_SECONDS)
+
+
+def resolve_model(name: str) -> ModelRoute:
+    """The route for model `name`, or 404 when no enabled ServedModel has that name."""
+    route = _routes.get(name, _load_route)
+    if route is None:
+        raise NotFound(f"The model {name!r} does not exist.", code="model_not_found", param="model")
+    return route
+
+
+def live_models() -> list[ServedModel]:
+    """Enabled models whose pool has at least one worker beating now."""
+    models = list(ServedModel.objects.filter(is_enabled=True))
+    live = liveness.live_pools(
+        get_redis(), (m.pool for m in models), settings.LLMQUEUE_WORKER_STALE_SECONDS
+    )
+    return [m for m in models if m.pool in live]
+
+
+def forget_cached_routes() -> None:
+    _routes.clear()

@@ -1,0 +1,119 @@
+"""HTTP views of the OpenAI-compatible API: thin, they call auth, validation, submission, results."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery import states
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from llmqueue import validation
+from llmqueue.auth import Caller, authenticate
+from llmqueue.errors import (
+    ApiError,
+    GenerationFailed,
+    MethodNotAllowed,
+    NotFound,
+    RequestExpired,
+    WaitTimeout,
+    error_response,
+)
+from llmqueue.models import PromptRequest
+from llmqueue.responses import completion_body, models_body, request_body
+from llmqueue.results import Outcome, wait_for_outcome
+from llmqueue.routing import live_models, resolve_model
+from llmqueue.submission import submit_prompt
+
+log = logging.getLogger(__name__)
+REQUEST_ID_HEADER = "X-LLMQueue-Request-Id"
+BACKGROUND_HEADER = "X-LLMQueue-Background"
+
+View = Callable[..., HttpResponse]
+
+
+def api_endpoint(method: str) -> Callable[[View], View]:
+    """Accept only `method`; turn every ApiError (and any crash) into an OpenAI-shaped error."""
+
+    def decorate(view: View) -> View:
+        @csrf_exempt
+        @functools.wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                if request.method != method:
+                    raise MethodNotAllowed(f"Use {method} for this endpoint.")
+                return view(request, *args, **kwargs)
+            except ApiError as error:
+                return error_response(error)
+            except Exception:
+                log.exception("unhandled error in %s", view.__name__)
+                return error_response(
+                    GenerationFailed("Internal error.", code="internal_error")
+                )
+
+        return wrapped
+
+    return decorate
+
+
+def _respond_with_outcome(row: PromptRequest, outcome: Outcome | None, waited: float) -> HttpResponse:
+    poll = f"/v1/requests/{row.id}"
+    headers = {REQUEST_ID_HEADER: str(row.id)}
+    if outcome is None:
+        raise WaitTimeout(
+            f"No result within {waited:g} s; request {row.id} stays queued: poll GET {poll}.",
+            headers=headers,
+        )
+    if outcome.state == states.SUCCESS and outcome.result is not None:
+        return JsonResponse(completion_body(row, outcome.result), headers=headers)
+    if outcome.state == states.REVOKED:
+        raise RequestExpired(
+            f"Request {row.id} expired: its deadline passed before an engine took it.",
+            headers=headers,
+        )
+    raise GenerationFailed(f"Generation failed: {outcome.error_message}", headers=headers)
+
+
+def _serve_prompt(request: HttpRequest, parse: Callable[..., validation.PromptSpec]) -> HttpResponse:
+    caller: Caller = authenticate(request)
+    body = validation.parse_json_object(request.body)
+    route = resolve_model(validation.model_name(body))
+    spec = parse(body, caller, route, request.headers.get(BACKGROUND_HEADER))
+    row = submit_prompt(caller, route, spec)
+    if spec.background:
+        return JsonResponse(request_body(row), status=202, headers={REQUEST_ID_HEADER: str(row.id)})
+    outcome = wait_for_outcome(str(row.id), caller.max_wait_seconds)
+    return _respond_with_outcome(row, outcome, caller.max_wait_seconds)
+
+
+@api_endpoint("POST")
+def completions(request: HttpRequest) -> HttpResponse:
+    return _serve_prompt(request, validation.parse_completion)
+
+
+@api_endpoint("POST")
+def chat_completions(request: HttpRequest) -> HttpResponse:
+    return _serve_prompt(request, validation.parse_chat)
+
+
+@api_endpoint("GET")
+def models(request: HttpRequest) -> HttpResponse:
+    authenticate(request)
+    return JsonResponse(models_body(live_models()))
+
+
+@api_endpoint("GET")
+def request_status(request: HttpRequest, request_id: str) -> HttpResponse:
+    caller = authenticate(request)
+    try:
+        key = uuid.UUID(request_id)
+    except ValueError:
+        key = None
+    row = PromptRequest.objects.filter(pk=key, tenant_id=caller.tenant_id).first() if key else None
+    if row is None:  # another tenant's request is as unknown as a missing one
+        raise NotFound(f"No request {request_id!r} for this API key.", code="request_not_found")
+    return JsonResponse(request_body(row))

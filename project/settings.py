@@ -1,0 +1,126 @@
+"""Django and Celery settings, each read once from the environment (see .env.example)."""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# Everything the project generates at run time (SQLite file, embedded Redis data, tiny model).
+STATE_DIR = BASE_DIR / ".llmqueue"
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-key-change-me")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "llmqueue",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# SQLite is the embedded default; production and CI use PostgreSQL via DATABASE_URL.
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{STATE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL + IMMEDIATE transactions let the API and a worker write concurrently without
+    # "database is locked"; the test database is a file so worker subprocesses can open it.
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(STATE_DIR / "test-db.sqlite3")}
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE_SECONDS", default=60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = STATE_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+}
+
+# --- Redis: broker, result backend and llmqueue's own keys (heartbeats) -----------------------
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+# --- Celery (read by project/celery.py with namespace CELERY) --------------------------------
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# A message is acked only after its request finished: a dead worker's requests are redelivered.
+CELERY_TASK_ACKS_LATE = True
+# Reserve one message per free slot, so the next request is chosen when a slot frees.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_CREATE_MISSING_QUEUES = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS = env.int("LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS", default=3600)
+"""Seconds after fetch before any worker redelivers an unacked message (kombu's
+visibility_timeout). Must exceed the longest fetch-to-finish a request may take (deadline +
+longest generation), else a still-running request runs twice; every worker must use the same
+value. Tests use a few seconds to show redelivery after SIGKILL."""
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS,
+    # How often a worker looks for unacked messages older than the timeout.
+    "unacked_restore_interval": env.float(
+        "LLMQUEUE_UNACKED_RESTORE_INTERVAL_SECONDS",
+        default=min(60.0, LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS / 2),
+    ),
+}
+CELERY_RESULT_EXPIRES = env.int("LLMQUEUE_RESULT_TTL_SECONDS", default=24 * 3600)
+"""Seconds a result stays in the Redis result backend; the DB row keeps the outcome after."""
+
+# --- llmqueue knobs --------------------------------------------------------------------------
+LLMQUEUE_AUTH_CACHE_SECONDS = env.float("LLMQUEUE_AUTH_CACHE_SECONDS", default=5.0)
+"""Seconds an API replica trusts its cached view of a key/tenant/tier before re-reading the DB:
+admin edits (revocation, deactivation, limits) take effect within this bound."""
+LLMQUEUE_WORKER_HEARTBEAT_SECONDS = env.float("LLMQUEUE_WORKER_HEARTBEAT_SECONDS", default=2.0)
+"""Seconds between a GPU worker's liveness beats in Redis."""
+LLMQUEUE_WORKER_STALE_SECONDS = env.float("LLMQUEUE_WORKER_STALE_SECONDS", default=10.0)
+"""Seconds without a beat after which a worker no longer counts as serving its pool."""
+LLMQUEUE_BYTES_PER_TOKEN = env.float("LLMQUEUE_BYTES_PER_TOKEN", default=4.0)
+"""UTF-8 bytes per token assumed when the API estimates prompt length before tokenization."""

@@ -1,0 +1,125 @@
+"""The continuous-batching loop: one engine thread adds arriving requests and steps the engine."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from workers.engine import GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+
+_IDLE_POLL_SECONDS = 0.5
+
+
+class ContinuousEngine:
+    """Base for engine adapters. Task threads call `submit` from anywhere; only the engine thread
+    touches the engine, so requests join and leave the running batch at every step.
+
+    Subclasses implement `_add` (queue one request in the engine), `_step` (run one step, return the
+    requests that finished) and `_has_work`.
+    """
+
+    model_name = ""
+
+    def __init__(self) -> None:
+        self._inbox: queue.SimpleQueue[tuple[GenerationRequest, Future[GenerationResult]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._futures: dict[str, Future[GenerationResult]] = {}
+        self.steps = 0
+        self.submitted = 0
+        self.finished = 0
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
+        future: Future[GenerationResult] = Future()
+        if self._closed.is_set():
+            future.set_exception(RuntimeError("engine is closed"))
+            return future
+        self._inbox.put((request, future))
+        return future
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "submitted": self.submitted,
+            "finished": self.finished,
+            "in_engine": len(self._futures),
+        }
+
+    def close(self) -> None:
+        self._closed.set()
+        self._inbox.put(None)
+        self._thread.join(timeout=10)
+
+    # --- subclass hooks ---------------------------------------------------------------------
+    def _add(self, request: GenerationRequest) -> None:
+        raise NotImplementedError
+
+    def _step(self) -> list[GenerationResult]:
+        raise NotImplementedError
+
+    def _has_work(self) -> bool:
+        raise NotImplementedError
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """Drop requests whose futures failed; default: nothing to release."""
+
+    # --- the loop -----------------------------------------------------------------------------
+    def _take_arrivals(self, block: bool) -> bool:
+        """Move everything waiting in the inbox into the engine; False once closed."""
+        try:
+            item = self._inbox.get(timeout=_IDLE_POLL_SECONDS) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return not self._closed.is_set()
+        while True:
+            if item is None:
+                return False
+            request, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    self._add(request)
+                except Exception as exc:  # a bad request must not stop the loop
+                    future.set_exception(exc)
+                else:
+                    self._futures[request.request_id] = future
+                    self.submitted += 1
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _run(self) -> None:
+        while self._take_arrivals(block=not self._has_work()):
+            if not self._has_work():
+                continue
+            try:
+                finished = self._step()
+            except Exception as exc:
+                log.exception("engine step failed; failing the %d requests in it", len(self._futures))
+                self._fail_all(exc)
+                continue
+            self.steps += 1
+            for result in finished:
+                future = self._futures.pop(result.request_id, None)
+                if future is not None:
+                    self.finished += 1
+                    future.set_result(result)
+        self._fail_all(RuntimeError("engine closed"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        ids = list(self._futures)
+        try:
+            self._abort(ids)
+        except Exception:
+            log.exception("abort after failure failed")
+        for request_id in ids:
+            self._futures.pop(request_id).set_exception(exc)

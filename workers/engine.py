@@ -1,0 +1,62 @@
+"""The engine adapter interface: what a worker hands an engine, what comes back, and how one is built."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt for the engine. Exactly one of `prompt` / `messages` is used."""
+
+    request_id: str
+    prompt: str = ""
+    messages: list[dict[str, str]] | None = None
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    priority: int = 0  # 0 is the most urgent, as in vLLM's priority scheduling
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    first_token_step: int  # engine step (1-based count) that produced the first output token
+    finished_step: int
+
+
+class EngineError(Exception):
+    """The engine rejected a request (e.g. prompt longer than the model's context)."""
+
+
+class Engine(Protocol):
+    """One warm engine per worker process; many task threads submit to it at once."""
+
+    model_name: str
+
+    def submit(self, request: GenerationRequest) -> Future[GenerationResult]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def generation_request(request_id: str, prompt: str, messages: Any, params: dict[str, Any], priority: int) -> GenerationRequest:
+    """Build a GenerationRequest from a task's JSON fields (unknown params are ignored)."""
+    known = {k: v for k, v in params.items() if k in GenerationRequest.__dataclass_fields__}
+    return GenerationRequest(
+        request_id=request_id, prompt=prompt, messages=messages, priority=priority, **known
+    )

@@ -1,0 +1,88 @@
+"""Command-line options shared by `runworkers` and `workers.serve`: declared once, passed through."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+from workers.runtime import EngineOptions
+
+# flag → (EngineOptions field, type, help)
+_ENGINE_FLAGS: dict[str, tuple[str, type, str]] = {
+    "--engine": ("kind", str, "vllm (GPU or CPU build) or simulated"),
+    "--model": ("model", str, "model path or name for vLLM; label for the simulated engine"),
+    "--max-num-seqs": ("max_num_seqs", int, "sequences the engine runs at once"),
+    "--dtype": ("dtype", str, "vLLM dtype (auto, bfloat16, float16, float32)"),
+    "--max-model-len": ("max_model_len", int, "vLLM max_model_len (default: the model's)"),
+    "--gpu-memory-utilization": (
+        "gpu_memory_utilization",
+        float,
+        "share of GPU memory (CPU build: of node memory) vLLM may take",
+    ),
+    "--seed": ("seed", int, "engine seed"),
+    "--sim-time-scale": (
+        "sim_time_scale",
+        float,
+        "simulated engine: multiply modelled step time (0 = no wait)",
+    ),
+    "--sim-max-num-batched-tokens": (
+        "sim_max_num_batched_tokens",
+        int,
+        "simulated engine: token budget per step",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class SlotOptions:
+    pool: str = "default"
+    slots: int = 0  # 0 → derived from max_num_seqs (see task_slots)
+    loglevel: str = "INFO"
+    events: bool = False
+
+
+def task_slots(requested: int, max_num_seqs: int) -> int:
+    """Celery thread slots per engine. More slots than max_num_seqs keep a short waiting queue
+    inside the engine, so a finished batch is replaced at the next step instead of after Celery
+    fetched new messages one by one (measured: 64 slots idle the engine, 96+ keep it fed)."""
+    return requested if requested > 0 else 2 * max_num_seqs
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = EngineOptions()
+    for flag, (name, kind, text) in _ENGINE_FLAGS.items():
+        parser.add_argument(flag, dest=name, type=kind, default=getattr(defaults, name), help=text)
+    parser.add_argument(
+        "--in-process",
+        dest="in_process",
+        action="store_true",
+        help="run vLLM's engine core inside the worker (the CPU build; GPUs keep the default "
+        "multiprocess core)",
+    )
+
+
+def add_slot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pool", default="default", help="worker pool (ServedModel.pool)")
+    parser.add_argument("--slots", type=int, default=0, help="Celery task slots (default 2×max-num-seqs)")
+    parser.add_argument("--loglevel", default="INFO")
+    parser.add_argument("--events", action="store_true", help="send task events (Flower's task view)")
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(**{f.name: getattr(args, f.name) for f in fields(EngineOptions)})
+
+
+def slot_options(args: argparse.Namespace) -> SlotOptions:
+    return SlotOptions(**{f.name: getattr(args, f.name) for f in fields(SlotOptions)})
+
+
+def engine_argv(options: EngineOptions) -> list[str]:
+    """Flags that make `workers.serve` build the same engine."""
+    argv = []
+    for flag, (name, _, _) in _ENGINE_FLAGS.items():
+        value = getattr(options, name)
+        if value is not None:
+            argv += [flag, str(value)]
+    if options.in_process:
+        argv.append("--in-process")
+    return argv

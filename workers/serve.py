@@ -1,0 +1,105 @@
+"""Worker bootstrap: build the warm engine once, then run a Celery threads-pool worker around it.
+
+Run by `manage.py runworkers` (one process per GPU), or directly:
+    python -m workers.serve --engine vllm --model PATH --pool default --queues default.interactive
+A worker whose engine cannot load exits with status 3 and a one-line reason, before it consumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any
+
+from workers import runtime
+from workers.options import (
+    add_engine_arguments,
+    add_slot_arguments,
+    engine_options,
+    slot_options,
+    task_slots,
+)
+
+ENGINE_LOAD_FAILED = 3
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m workers.serve", description=__doc__)
+    add_engine_arguments(parser)
+    add_slot_arguments(parser)
+    parser.add_argument("--queues", default="", help="comma-separated queues (default: the pool's)")
+    parser.add_argument("--node-name", default="", help="Celery node name (default pool@host)")
+    return parser.parse_args(argv)
+
+
+def celery_argv(queues: list[str], slots: int, node: str, loglevel: str, events: bool) -> list[str]:
+    argv = [
+        "worker",
+        "--pool=threads",
+        f"--concurrency={slots}",
+        "--queues",
+        ",".join(queues),
+        "--hostname",
+        node,
+        # Gossip and mingle cost every worker CPU per peer and add nothing to this design.
+        "--without-gossip",
+        "--without-mingle",
+        f"--loglevel={loglevel}",
+    ]
+    return argv + (["--task-events"] if events else [])
+
+
+def _start_heartbeat(pool: str, node: str) -> None:
+    from celery.signals import worker_ready, worker_shutdown
+    from django.conf import settings
+
+    from llmqueue.redis_client import get_redis
+    from workers.heartbeat import Heartbeat
+
+    beat = Heartbeat(get_redis(), pool, node, settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS)
+
+    # Beat only once the consumer runs: /v1/models must not list a pool nobody consumes yet.
+    @worker_ready.connect(weak=False)
+    def _ready(**_: Any) -> None:
+        beat.start()
+
+    @worker_shutdown.connect(weak=False)
+    def _shutdown(**_: Any) -> None:
+        beat.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    engine_opts, slot_opts = engine_options(args), slot_options(args)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+
+    django.setup()
+    from llmqueue.routing import pool_queues
+    from project.celery import app
+
+    node = args.node_name or f"{slot_opts.pool}@{socket.gethostname()}"
+    queues = [q for q in args.queues.split(",") if q] or pool_queues(slot_opts.pool)
+    if not queues:
+        print(f"llmqueue worker {node}: no queues (no tiers defined?)", file=sys.stderr)
+        return 2
+    try:
+        engine = runtime.build_engine(engine_opts)
+    except Exception as exc:
+        print(
+            f"llmqueue worker {node}: cannot load the {engine_opts.kind} engine for model "
+            f"{engine_opts.model!r}: {type(exc).__name__}: {exc}. Not consuming any queue.",
+            file=sys.stderr,
+        )
+        return ENGINE_LOAD_FAILED
+    runtime.install(engine)
+    _start_heartbeat(slot_opts.pool, node)
+    slots = task_slots(slot_opts.slots, engine_opts.max_num_seqs)
+    app.worker_main(celery_argv(queues, slots, node, slot_opts.loglevel, slot_opts.events))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
