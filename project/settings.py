@@ -7,6 +7,7 @@ import environ
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything the project generates at run time (SQLite file, embedded Redis data, tiny model).
 STATE_DIR = BASE_DIR / ".llmqueue"
+STATE_DIR.mkdir(exist_ok=True)
 
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
@@ -110,6 +111,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
         "LLMQUEUE_UNACKED_RESTORE_INTERVAL_SECONDS",
         default=min(60.0, LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS / 2),
     ),
+    # Scan on every sweep: the interval above is then the only knob.
+    "unacked_restore_throttle": 1,
 }
 CELERY_RESULT_EXPIRES = env.int("LLMQUEUE_RESULT_TTL_SECONDS", default=24 * 3600)
 """Seconds a result stays in the Redis result backend; the DB row keeps the outcome after."""

