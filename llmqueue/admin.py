@@ -1,4 +1,4 @@
-"""Django admin for tiers, tenants, keys, served models and requests: thin, logic lives elsewhere."""
+"""Django admin for tiers, tenants, keys, served models and requests (thin: logic is elsewhere)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,20 @@ from llmqueue.models import ApiKey, PromptRequest, ServedModel, Tenant, Tier
 
 
 @admin.register(Tier)
-class TierAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("name", "priority", "weight", "max_wait_seconds", "max_queue_depth", "default_max_tokens")
+class TierAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "priority",
+        "weight",
+        "max_wait_seconds",
+        "max_queue_depth",
+        "default_max_tokens",
+    )
     list_editable = ("priority", "weight", "max_wait_seconds", "max_queue_depth")
     search_fields = ("name",)
 
 
-class ApiKeyInline(admin.TabularInline):  # type: ignore[type-arg]
+class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
     fields = ("prefix", "name", "created_at", "revoked_at")
@@ -33,7 +40,7 @@ class ApiKeyInline(admin.TabularInline):  # type: ignore[type-arg]
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class TenantAdmin(admin.ModelAdmin):
     list_display = (
         "name",
         "tier",
@@ -56,7 +63,7 @@ def revoke_keys(modeladmin: Any, request: HttpRequest, queryset: QuerySet[ApiKey
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ("prefix", "name", "tenant", "created_at", "revoked_at")
     list_filter = ("tenant", ("revoked_at", admin.EmptyFieldListFilter))
     search_fields = ("prefix", "name", "tenant__name")
@@ -67,19 +74,21 @@ class ApiKeyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if not change:
             plaintext = assign_new_secret(obj)
-            messages.warning(request, f"New API key — copy it now, it is not shown again: {plaintext}")
+            messages.warning(
+                request, f"New API key — copy it now, it is not shown again: {plaintext}"
+            )
         super().save_model(request, obj, form, change)
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ServedModelAdmin(admin.ModelAdmin):
     list_display = ("name", "pool", "context_length", "max_tokens", "is_enabled")
     list_filter = ("pool", "is_enabled")
     search_fields = ("name", "pool")
 
 
 @admin.register(PromptRequest)
-class PromptRequestAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class PromptRequestAdmin(admin.ModelAdmin):
     list_display = (
         "id",
         "tenant",

@@ -64,7 +64,12 @@ def bearer_token(request: HttpRequest) -> str:
 
 def authenticate(request: HttpRequest) -> Caller:
     """The request's Caller, or 401 (unknown/revoked key) / 403 (inactive tenant)."""
-    caller = _callers.get(hash_key(bearer_token(request)), _load_caller)
+    return caller_for_key(bearer_token(request))
+
+
+def caller_for_key(plaintext: str) -> Caller:
+    """The Caller of an API key, or 401 / 403 as for an HTTP request."""
+    caller = _callers.get(hash_key(plaintext), _load_caller)
     if caller is None:
         raise Unauthenticated("Incorrect API key provided.")
     if caller.key_revoked:

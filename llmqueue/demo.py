@@ -15,7 +15,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -27,7 +27,12 @@ from django.core.management import call_command
 from django.db import connection
 
 from llmqueue import liveness
-from llmqueue.embedded_redis import EmbeddedRedisError, local_port, start_embedded_redis
+from llmqueue.embedded_redis import (
+    EmbeddedRedisError,
+    local_port,
+    redact,
+    start_embedded_redis,
+)
 from llmqueue.redis_client import get_redis
 
 MODEL_NAME = "tiny-llama"
@@ -144,10 +149,8 @@ def stop_child(child: Child, timeout_seconds: float = STOP_TIMEOUT_SECONDS) -> N
             process.wait()
     # The group is the one start_child created for this child: it also holds what the child
     # started (runworkers' worker), which must not outlive a killed parent.
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stop_children(children: list[Child]) -> None:
@@ -157,17 +160,19 @@ def stop_children(children: list[Child]) -> None:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the demo the way Ctrl-C does, so the cleanup below runs for both."""
+def signals_as_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM stop the demo the same way, so the cleanup below runs for both (SIGINT
+    too, since a shell starts background jobs with it ignored)."""
 
     def interrupt(_signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 # --- setup steps ----------------------------------------------------------------------------
@@ -192,7 +197,7 @@ def ensure_redis(children: list[Child]) -> None:
     except EmbeddedRedisError as exc:
         raise DemoError(str(exc)) from exc
     if process is None:
-        say(f"[2/7] Redis answers at {url}")
+        say(f"[2/7] Redis answers at {redact(url)}")
     else:
         say(f"[2/7] started an embedded Redis at {url} (pid {process.pid}, AOF in {data_dir})")
         children.append(Child("embedded Redis", process, data_dir / "server.log"))
@@ -226,7 +231,7 @@ def ensure_admin_user() -> str | None:
     if users.objects.filter(username=ADMIN_USER).exists():
         return None
     password = secrets.token_urlsafe(12)
-    users.objects.create_superuser(ADMIN_USER, "", password)  # type: ignore[attr-defined]
+    users.objects.create_superuser(ADMIN_USER, "", password)
     return password
 
 
@@ -236,6 +241,7 @@ def worker_argv(model_path: Path) -> list[str]:
         "--engine", "vllm",
         "--model", str(model_path),
         "--in-process",
+        "--enforce-eager",
         "--max-num-seqs", "32",
         "--dtype", "float32",
         "--gpu-memory-utilization", "0.1",
@@ -413,10 +419,11 @@ def results_table(outcomes: list[PromptOutcome], rows: int = 8) -> str:
     lines = [f"      {'#':>3}  {'endpoint':<17} {'request id':<10} {'HTTP':>4} {'tokens':>6}  text"]
     for o in shown:
         text = o.text if o.succeeded else f"error: {o.error}"
-        text = text.replace("\n", " ")[:48]
+        # A random model emits any byte: keep the table one printable line per row.
+        text = "".join(c if c.isprintable() and c != "\ufffd" else "·" for c in text)[:48]
         lines.append(
             f"      {o.index:>3}  {o.endpoint:<17} {o.request_id[:8]:<10} {o.status:>4} "
-            f"{o.completion_tokens:>6}  {text!r}"
+            f"{o.completion_tokens:>6}  {text}"
         )
     if len(outcomes) > len(shown):
         lines.append(f"      … and {len(outcomes) - len(shown)} more")
@@ -432,7 +439,7 @@ def summary(outcomes: list[PromptOutcome], elapsed_seconds: float) -> str:
     )
     failures = Counter(o.status for o in outcomes if not o.succeeded)
     if failures:
-        line += "; failed: " + ", ".join(f"{n}× HTTP {s}" for s, n in sorted(failures.items()))
+        line += "; failed: " + ", ".join(f"{n} x HTTP {s}" for s, n in sorted(failures.items()))
     return line
 
 
@@ -484,7 +491,7 @@ def serve_until_interrupted(children: list[Child]) -> None:
 def run_demo(preferred_port: int, exit_after_results: bool) -> None:
     """Run every step; on any exit (error, Ctrl-C, SIGTERM) stop what it started, newest first."""
     children: list[Child] = []
-    with sigterm_as_interrupt():
+    with signals_as_interrupt():
         try:
             migrate_database()
             ensure_redis(children)

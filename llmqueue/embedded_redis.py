@@ -19,6 +19,15 @@ class EmbeddedRedisError(RuntimeError):
     """No server answers at REDIS_URL and none could be started there."""
 
 
+def redact(url: str) -> str:
+    """`url` without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
 def redis_answers(url: str, timeout_seconds: float = 0.5) -> bool:
     """Whether a server at `url` answers PING within `timeout_seconds`."""
     client = redis.Redis.from_url(
@@ -84,12 +93,13 @@ def start_embedded_redis(
     port = local_port(url)
     if port is None:
         raise EmbeddedRedisError(
-            f"Nothing answers at REDIS_URL={url}, and it is not a local redis:// URL, so no "
-            "embedded server can be started for it. Start that Redis, or unset REDIS_URL."
+            f"Nothing answers at REDIS_URL={redact(url)}, and it is not a local redis:// URL, so "
+            "no embedded server can be started for it. Start that Redis, or unset REDIS_URL."
         )
     data_dir.mkdir(parents=True, exist_ok=True)
+    binary = server_binary()
     process = subprocess.Popen(
-        server_argv(server_binary(), port, data_dir),
+        server_argv(binary, port, data_dir),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         # Its own process group: a terminal's Ctrl-C reaches only the caller, which stops the
@@ -101,7 +111,7 @@ def start_embedded_redis(
         code = process.poll()
         if code is not None:
             raise EmbeddedRedisError(
-                f"The embedded Redis ({process.args[0]}) exited with status {code}; "
+                f"The embedded Redis ({binary}) exited with status {code}; "
                 f"see {data_dir / 'server.log'} (is port {port} taken by something else?)."
             )
         if time.monotonic() > deadline:

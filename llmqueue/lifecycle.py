@@ -94,9 +94,7 @@ def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUI
                     [S.RUNNING, worker, now, *_db_ids(live), S.QUEUED, S.RUNNING],
                 )
             )
-    return {
-        i: Claim(i, claimed.get(i), expired=i in expired) for i in ids
-    }
+    return {i: Claim(i, claimed.get(i), expired=i in expired) for i in ids}
 
 
 def finish(outcomes: Sequence[Finish], now: datetime) -> set[uuid.UUID]:

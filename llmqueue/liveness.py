@@ -1,4 +1,4 @@
-"""Worker liveness in Redis: each GPU worker beats into its pool's sorted set; readers count fresh beats."""
+"""Worker liveness in Redis: workers beat into their pool's sorted set; readers count fresh ones."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def live_workers(
 ) -> list[str]:
     """Nodes of `pool` whose last beat is younger than `stale_seconds`."""
     cutoff = (time.time() if now is None else now) - stale_seconds
-    return [n.decode() for n in client.zrangebyscore(pool_key(pool), f"({cutoff}", "+inf")]
+    nodes = client.zrangebyscore(pool_key(pool), f"({cutoff}", "+inf")
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in nodes]
 
 
 def live_pools(client: redis.Redis, pools: Iterable[str], stale_seconds: float) -> set[str]:

@@ -1,4 +1,4 @@
-"""The JSON arguments of one generate task: everything a worker needs without reading the DB first."""
+"""The JSON arguments of one generate task: all a worker needs without reading the DB first."""
 
 from __future__ import annotations
 

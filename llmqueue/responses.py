@@ -11,7 +11,11 @@ S = PromptRequest.Status
 
 def _usage(result: dict[str, Any]) -> dict[str, int]:
     prompt, completion = result["prompt_tokens"] or 0, result["completion_tokens"] or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def completion_body(row: PromptRequest, result: dict[str, Any]) -> dict[str, Any]:
@@ -39,7 +43,12 @@ def completion_body(row: PromptRequest, result: dict[str, Any]) -> dict[str, Any
         "created": created,
         "model": row.model,
         "choices": [
-            {"index": 0, "text": result["text"], "finish_reason": result["finish_reason"], "logprobs": None}
+            {
+                "index": 0,
+                "text": result["text"],
+                "finish_reason": result["finish_reason"],
+                "logprobs": None,
+            }
         ],
         "usage": _usage(result),
     }

@@ -1,4 +1,4 @@
-"""Submission: a validated prompt becomes a queued PromptRequest row and, after commit, a Celery task."""
+"""Submission: a validated prompt becomes a queued row and, once committed, a Celery task."""
 
 from __future__ import annotations
 
@@ -79,5 +79,7 @@ def submit_prompt(caller: Caller, route: ModelRoute, spec: PromptSpec) -> Prompt
             raise
         log.exception("publish of %s failed", row.id)
         mark_unpublished(row, exc)
-        raise Unavailable("The queue is unavailable; retry shortly.", retry_after_seconds=5) from exc
+        raise Unavailable(
+            "The queue is unavailable; retry shortly.", retry_after_seconds=5
+        ) from exc
     return row

@@ -1,4 +1,4 @@
-"""A tiny per-process cache whose entries expire, so admin edits reach every replica in bounded time."""
+"""A per-process cache whose entries expire, so admin edits reach every replica in bounded time."""
 
 from __future__ import annotations
 

@@ -80,11 +80,8 @@ def _typed(body: dict[str, Any], field: str, kinds: tuple[type, ...], label: str
     if value is None:
         return None
     # bool is an int subclass in Python; JSON's true is not a number.
-    if isinstance(value, bool) and bool not in kinds:
-        value_ok = False
-    else:
-        value_ok = isinstance(value, kinds)
-    if not value_ok:
+    is_bool_mismatch = isinstance(value, bool) and bool not in kinds
+    if is_bool_mismatch or not isinstance(value, kinds):
         raise BadRequest(f"'{field}' must be {label}.", code="invalid_type", param=field)
     return value
 
@@ -103,7 +100,9 @@ def _stop(body: dict[str, Any]) -> list[str]:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise BadRequest("'stop' must be a string or a list of strings.", param="stop")
     if len(stop) > MAX_STOP_SEQUENCES:
-        raise InvalidParameter(f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences.", param="stop")
+        raise InvalidParameter(
+            f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences.", param="stop"
+        )
     return stop
 
 
@@ -201,7 +200,13 @@ def parse_completion(
     tokens = estimate_tokens(prompt)
     _check_context(tokens, params, route)
     return PromptSpec(
-        "completion", route.name, prompt, None, params, tokens, wants_background(body, background_header)
+        "completion",
+        route.name,
+        prompt,
+        None,
+        params,
+        tokens,
+        wants_background(body, background_header),
     )
 
 
@@ -233,7 +238,9 @@ def parse_messages(raw: Any) -> list[dict[str, str]]:
                 f"messages[{index}] must be an object with a role in {sorted(CHAT_ROLES)}.",
                 param=f"messages[{index}]",
             )
-        messages.append({"role": message["role"], "content": _message_text(message.get("content"), index)})
+        messages.append(
+            {"role": message["role"], "content": _message_text(message.get("content"), index)}
+        )
     if not any(m["content"].strip() for m in messages):
         raise InvalidParameter("'messages' must not all be empty.", param="messages")
     return messages
@@ -244,7 +251,9 @@ def parse_chat(
 ) -> PromptSpec:
     _reject_unknown(body, CHAT_FIELDS)
     messages = parse_messages(body.get("messages"))
-    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    field = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
     params = _sampling_params(body, caller, route, field)
     # Role markers cost a few tokens per message on top of the text.
     tokens = sum(estimate_tokens(m["content"]) + 4 for m in messages)

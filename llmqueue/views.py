@@ -1,4 +1,4 @@
-"""HTTP views of the OpenAI-compatible API: thin, they call auth, validation, submission, results."""
+"""HTTP views of the OpenAI-compatible API: thin, they call auth, validation, submission."""
 
 from __future__ import annotations
 
@@ -51,16 +51,16 @@ def api_endpoint(method: str) -> Callable[[View], View]:
                 return error_response(error)
             except Exception:
                 log.exception("unhandled error in %s", view.__name__)
-                return error_response(
-                    GenerationFailed("Internal error.", code="internal_error")
-                )
+                return error_response(GenerationFailed("Internal error.", code="internal_error"))
 
         return wrapped
 
     return decorate
 
 
-def _respond_with_outcome(row: PromptRequest, outcome: Outcome | None, waited: float) -> HttpResponse:
+def _respond_with_outcome(
+    row: PromptRequest, outcome: Outcome | None, waited: float
+) -> HttpResponse:
     poll = f"/v1/requests/{row.id}"
     headers = {REQUEST_ID_HEADER: str(row.id)}
     if outcome is None:
@@ -78,7 +78,9 @@ def _respond_with_outcome(row: PromptRequest, outcome: Outcome | None, waited: f
     raise GenerationFailed(f"Generation failed: {outcome.error_message}", headers=headers)
 
 
-def _serve_prompt(request: HttpRequest, parse: Callable[..., validation.PromptSpec]) -> HttpResponse:
+def _serve_prompt(
+    request: HttpRequest, parse: Callable[..., validation.PromptSpec]
+) -> HttpResponse:
     caller: Caller = authenticate(request)
     body = validation.parse_json_object(request.body)
     route = resolve_model(validation.model_name(body))

@@ -170,7 +170,7 @@ def tiny_model() -> Path:
 
 def vllm_args(model: Path, max_num_seqs: int = 16) -> tuple[str, ...]:
     return (
-        "--engine", "vllm", "--model", str(model), "--in-process",
+        "--engine", "vllm", "--model", str(model), "--in-process", "--enforce-eager",
         "--max-num-seqs", str(max_num_seqs), "--dtype", "float32",
         "--gpu-memory-utilization", "0.1", "--max-model-len", "2048",
     )  # fmt: skip

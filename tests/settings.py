@@ -8,10 +8,10 @@ import os
 
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
 # Seconds, not an hour: the SIGKILL test shows redelivery of a dead worker's messages.
-os.environ.setdefault("LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS", "4")
+os.environ.setdefault("LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS", "8")
 os.environ.setdefault("LLMQUEUE_UNACKED_RESTORE_INTERVAL_SECONDS", "1")
 os.environ.setdefault("LLMQUEUE_AUTH_CACHE_SECONDS", "1")
 os.environ.setdefault("LLMQUEUE_WORKER_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("LLMQUEUE_WORKER_STALE_SECONDS", "3")
 
-from project.settings import *  # noqa: E402, F403
+from project.settings import *  # noqa: F403

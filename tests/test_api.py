@@ -37,7 +37,10 @@ def get(server: Any, path: str, key: str | None) -> httpx.Response:
 def test_completion_round_trip(live_server, seeded: Seeded, start_worker: WorkerFactory):
     start_worker("default", *SIMULATED, "--sim-time-scale", "0")
     response = post(
-        live_server, "/v1/completions", seeded.key, {"model": "sim", "prompt": "hello", "max_tokens": 5}
+        live_server,
+        "/v1/completions",
+        seeded.key,
+        {"model": "sim", "prompt": "hello", "max_tokens": 5},
     )
     assert response.status_code == 200, response.text
     body = response.json()
@@ -46,7 +49,12 @@ def test_completion_round_trip(live_server, seeded: Seeded, start_worker: Worker
     assert body["object"] == "text_completion"
     assert body["model"] == "sim"
     assert body["choices"] == [
-        {"index": 0, "text": " lorem ipsum dolor sit amet", "finish_reason": "length", "logprobs": None}
+        {
+            "index": 0,
+            "text": " lorem ipsum dolor sit amet",
+            "finish_reason": "length",
+            "logprobs": None,
+        }
     ]
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
     row = PromptRequest.objects.get(pk=request_id)
@@ -91,7 +99,10 @@ def test_background_returns_202_and_is_pollable(
     assert response.json()["status"] == "queued"
 
     def finished() -> bool:
-        return get(live_server, f"/v1/requests/{request_id}", seeded.key).json()["status"] == "succeeded"
+        return (
+            get(live_server, f"/v1/requests/{request_id}", seeded.key).json()["status"]
+            == "succeeded"
+        )
 
     from tests.conftest import wait_until
 
@@ -120,7 +131,10 @@ def test_models_lists_only_models_with_a_live_worker(
 def test_wait_timeout_is_504_and_request_stays_queued(live_server, seeded: Seeded):
     Tier.objects.filter(name="interactive").update(max_wait_seconds=1)
     response = post(
-        live_server, "/v1/completions", seeded.key, {"model": "sim", "prompt": "hi", "max_tokens": 2}
+        live_server,
+        "/v1/completions",
+        seeded.key,
+        {"model": "sim", "prompt": "hi", "max_tokens": 2},
     )
     assert response.status_code == 504
     error = response.json()["error"]
@@ -136,7 +150,10 @@ def test_expired_request_is_never_generated(
 ):
     Tier.objects.filter(name="interactive").update(max_wait_seconds=1)
     response = post(
-        live_server, "/v1/completions", seeded.key, {"model": "sim", "prompt": "hi", "max_tokens": 2}
+        live_server,
+        "/v1/completions",
+        seeded.key,
+        {"model": "sim", "prompt": "hi", "max_tokens": 2},
     )
     assert response.status_code == 504
     request_id = response.headers["X-LLMQueue-Request-Id"]

@@ -18,6 +18,7 @@ class EngineOptions:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     in_process: bool = False
+    enforce_eager: bool = False
     seed: int = 0
     sim_time_scale: float = 1.0
     sim_max_num_batched_tokens: int = 8192
@@ -53,6 +54,7 @@ def build_engine(options: EngineOptions) -> Engine:
                 max_model_len=options.max_model_len,
                 gpu_memory_utilization=options.gpu_memory_utilization,
                 in_process=options.in_process,
+                enforce_eager=options.enforce_eager,
                 seed=options.seed,
             )
         )

@@ -69,7 +69,8 @@ def count_prompt_tokens(request: GenerationRequest, bytes_per_token: float) -> i
 
 
 class SimulatedEngine(ContinuousEngine):
-    def __init__(self, config: SimulatedConfig) -> None:
+    def __init__(self, config: SimulatedConfig, start: bool = True) -> None:
+        """`start=False` leaves the engine thread off so tests can drive steps themselves."""
         super().__init__()
         self.config = config
         self.model_name = config.model
@@ -77,7 +78,8 @@ class SimulatedEngine(ContinuousEngine):
         self._waiting: list[tuple[int, int, _Sequence]] = []
         self._running: list[_Sequence] = []
         self.busy_seconds = 0.0
-        self.start()
+        if start:
+            self.start()
 
     def _add(self, request: GenerationRequest) -> None:
         seq = _Sequence(request, count_prompt_tokens(request, self.config.bytes_per_token))

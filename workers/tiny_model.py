@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 # The CPU attention kernel rejects head_dim 16; 128 hidden / 2 heads = head_dim 64 works.
-TINY_LLAMA_CONFIG = {
+TINY_LLAMA_CONFIG: dict[str, Any] = {
     "hidden_size": 128,
     "intermediate_size": 256,
     "num_attention_heads": 2,
@@ -64,7 +65,7 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
         **TINY_LLAMA_CONFIG,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -75,4 +76,6 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
 if __name__ == "__main__":
     import sys
 
-    print(build_tiny_model(Path(sys.argv[1] if len(sys.argv) > 1 else ".llmqueue/models/tiny-llama")))
+    print(
+        build_tiny_model(Path(sys.argv[1] if len(sys.argv) > 1 else ".llmqueue/models/tiny-llama"))
+    )

@@ -1,4 +1,4 @@
-"""`manage.py demo`: run the whole stack locally, send a burst of prompts, keep serving (see llmqueue.demo)."""
+"""`manage.py demo`: the whole stack locally, a burst of prompts, then serving (llmqueue.demo)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from llmqueue.demo import DemoError, run_demo
 
 class Command(BaseCommand):
     help = (
-        "Migrate, start Redis if none answers (embedded, AOF under .llmqueue/), build a tiny model, "
-        "start a vLLM CPU worker and the web server, send a burst of prompts through the API, then "
-        "serve until Ctrl-C. Env: DEMO_PORT (default 8000), DEMO_EXIT=1 to stop after the burst."
+        "Migrate, start Redis if none answers (embedded, AOF under .llmqueue/), build a tiny "
+        "model, start a vLLM CPU worker and the web server, send a burst of prompts through the "
+        "API, then serve until Ctrl-C. Env: DEMO_PORT (default 8000), DEMO_EXIT=1 to stop after "
+        "the burst."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:

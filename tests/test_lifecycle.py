@@ -1,0 +1,101 @@
+"""Claims and finishes in the DB: at-least-once delivery, exactly-once outcome."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from llmqueue import lifecycle
+from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers
+from llmqueue.models import PromptRequest
+
+pytestmark = pytest.mark.django_db
+S = PromptRequest.Status
+
+
+def make_request(deadline_seconds: float = 60) -> PromptRequest:
+    tiers = ensure_default_tiers()
+    tenant, _ = create_tenant_with_key("acme", tiers["interactive"])
+    now = timezone.now()
+    return PromptRequest.objects.create(
+        tenant=tenant,
+        tier=tiers["interactive"],
+        model="sim",
+        kind="completion",
+        prompt="hi",
+        enqueued_at=now,
+        deadline_at=now + timedelta(seconds=deadline_seconds),
+    )
+
+
+def done(request_id: uuid.UUID, attempt: int, text: str = "out") -> lifecycle.Finish:
+    return lifecycle.Finish(request_id, attempt, True, text, 2, 3, "length")
+
+
+def test_claim_then_finish_records_the_outcome_once():
+    row = make_request()
+    now = timezone.now()
+    assert lifecycle.claim([row.id], "w1", now) == {row.id: lifecycle.Claim(row.id, 1)}
+    assert lifecycle.finish([done(row.id, 1)], now) == {row.id}
+    assert lifecycle.finish([done(row.id, 1, "again")], now) == set()
+    row.refresh_from_db()
+    assert (row.status, row.output_text, row.attempts, row.worker) == (S.SUCCEEDED, "out", 1, "w1")
+    assert (row.prompt_tokens, row.completion_tokens, row.finish_reason) == (2, 3, "length")
+    # A late redelivery of a finished request is not run again.
+    assert lifecycle.claim([row.id], "w2", now)[row.id] == lifecycle.Claim(row.id, None)
+
+
+def test_redelivered_running_request_is_taken_over_and_the_old_attempt_cannot_finish():
+    row = make_request()
+    now = timezone.now()
+    assert lifecycle.claim([row.id], "dead", now)[row.id].attempt == 1
+    assert lifecycle.claim([row.id], "alive", now)[row.id].attempt == 2
+    assert lifecycle.finish([done(row.id, 1, "stale")], now) == set()
+    assert lifecycle.finish([done(row.id, 2, "fresh")], now) == {row.id}
+    row.refresh_from_db()
+    assert (row.output_text, row.worker, row.attempts) == ("fresh", "alive", 2)
+
+
+def test_overdue_request_is_expired_not_claimed():
+    row = make_request(deadline_seconds=-1)
+    claim = lifecycle.claim([row.id], "w1", timezone.now())[row.id]
+    assert claim == lifecycle.Claim(row.id, None, expired=True)
+    row.refresh_from_db()
+    assert (row.status, row.attempts, row.started_at) == (S.EXPIRED, 0, None)
+    assert row.finished_at is not None
+
+
+def test_failure_is_recorded_with_its_error():
+    row = make_request()
+    now = timezone.now()
+    lifecycle.claim([row.id], "w1", now)
+    failure = lifecycle.Finish(row.id, 1, succeeded=False, error="prompt too long")
+    assert lifecycle.finish([failure], now) == {row.id}
+    row.refresh_from_db()
+    assert (row.status, row.error, row.output_text) == (S.FAILED, "prompt too long", "")
+
+
+def test_batched_claims_mix_outcomes():
+    fresh, overdue, finished = make_request(), make_request(-1), make_request()
+    now = timezone.now()
+    lifecycle.claim([finished.id], "w0", now)
+    lifecycle.finish([done(finished.id, 1)], now)
+    claims = lifecycle.claim([fresh.id, overdue.id, finished.id], "w1", now)
+    assert claims == {
+        fresh.id: lifecycle.Claim(fresh.id, 1),
+        overdue.id: lifecycle.Claim(overdue.id, None, expired=True),
+        finished.id: lifecycle.Claim(finished.id, None),
+    }
+
+
+def test_expire_leaves_finished_requests_alone():
+    row = make_request()
+    now = timezone.now()
+    lifecycle.claim([row.id], "w1", now)
+    lifecycle.finish([done(row.id, 1)], now)
+    assert lifecycle.expire([row.id], now) == set()
+    row.refresh_from_db()
+    assert row.status == S.SUCCEEDED

@@ -1,0 +1,63 @@
+"""The simulated GPU engine: the step-time model and vLLM-like continuous batching."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.engine import GenerationRequest
+from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
+
+
+def test_step_time_model_follows_the_documented_fit():
+    model = StepTimeModel()
+    # Decode of 64 sequences is memory-bound: the 6.4 ms floor, plus 1 ms, plus context reads.
+    assert model.step_seconds(64, 64_000) == pytest.approx(1e-3 + 6.4e-3 + 0.056e-6 * 64_000)
+    # A 2048-token prefill is compute-bound: 23.3 µs per token.
+    assert model.step_seconds(2048, 2048) == pytest.approx(1e-3 + 23.3e-6 * 2048 + 0.056e-6 * 2048)
+    assert StepTimeModel(time_scale=0).step_seconds(2048, 2048) == 0
+
+
+def test_requests_share_steps_instead_of_running_one_by_one():
+    engine = SimulatedEngine(SimulatedConfig(max_num_seqs=8, step_time=StepTimeModel(time_scale=0)))
+    try:
+        futures = [
+            engine.submit(GenerationRequest(f"r{i}", prompt="abcd" * 4, max_tokens=10))
+            for i in range(8)
+        ]
+        results = [f.result(timeout=10) for f in futures]
+    finally:
+        engine.close()
+    assert [r.completion_tokens for r in results] == [10] * 8
+    assert {r.prompt_tokens for r in results} == {4}
+    # Submitted together, they finish together: far fewer than 8 × 10 steps.
+    assert engine.steps <= 12
+    assert all(r.first_token_step <= 2 for r in results)
+
+
+def test_max_num_seqs_caps_the_batch_and_priority_orders_the_waiting_queue():
+    engine = SimulatedEngine(
+        SimulatedConfig(max_num_seqs=2, step_time=StepTimeModel(time_scale=0)), start=False
+    )
+    for name, priority in (("bulk1", 6), ("bulk2", 6), ("bulk3", 6), ("urgent", 0)):
+        engine._add(GenerationRequest(name, prompt="abcd", max_tokens=3, priority=priority))
+    finished: dict[str, int] = {}
+    step = 0
+    while engine._has_work():
+        step += 1
+        engine.steps = step - 1
+        finished.update({r.request_id: r.finished_step for r in engine._step()})
+    # Two run at once; the urgent one, added last, runs first with the earliest bulk one.
+    assert finished == {"urgent": 3, "bulk1": 3, "bulk2": 6, "bulk3": 6}
+
+
+def test_long_prefill_is_chunked_by_the_token_budget():
+    engine = SimulatedEngine(
+        SimulatedConfig(max_num_batched_tokens=100, step_time=StepTimeModel(time_scale=0)),
+        start=False,
+    )
+    engine._add(GenerationRequest("long", prompt="x" * 1000, max_tokens=1))  # 250 tokens
+    results = []
+    while engine._has_work():
+        results += engine._step()
+        engine.steps += 1
+    assert [(r.first_token_step, r.finished_step) for r in results] == [(3, 3)]
