@@ -23,7 +23,10 @@ def test_openai_sdk_completions_chat_models_and_errors(
     assert [m.id for m in client.models.list().data] == ["tiny-llama"]
 
     completion = client.completions.create(
-        model="tiny-llama", prompt="the quick brown fox", max_tokens=8, extra_body={"ignore_eos": True}
+        model="tiny-llama",
+        prompt="the quick brown fox",
+        max_tokens=8,
+        extra_body={"ignore_eos": True},
     )
     assert completion.object == "text_completion"
     assert completion.choices[0].finish_reason == "length"

@@ -1,0 +1,61 @@
+"""The GPU pool's process plan and the worker bootstrap's refusal to run without an engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from workers.options import SlotOptions, task_slots
+from workers.pool import worker_processes
+from workers.runtime import EngineOptions
+from workers.serve import ENGINE_LOAD_FAILED
+
+
+def test_one_pinned_process_per_gpu_with_the_pool_queues_and_engine_flags():
+    engine = EngineOptions(kind="vllm", model="/models/llama-8b", max_num_seqs=48, dtype="bfloat16")
+    slots = SlotOptions(pool="chat", slots=0)
+    plan = worker_processes(["0", "3"], 1, ["chat.interactive", "chat.batch"], engine, slots)
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plan] == ["0", "3"]
+    assert [p.node.split("@")[0] for p in plan] == ["chat-gpu0", "chat-gpu3"]
+    argv = plan[1].argv
+    assert argv[1:3] == ["-m", "workers.serve"]
+    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert flags["--model"] == "/models/llama-8b"
+    assert flags["--max-num-seqs"] == "48"
+    assert flags["--dtype"] == "bfloat16"
+    assert flags["--queues"] == "chat.interactive,chat.batch"
+    assert "--in-process" not in argv  # GPUs keep vLLM's multiprocess engine core
+
+
+def test_cpu_workers_are_unpinned():
+    plan = worker_processes([], 2, ["q"], EngineOptions(kind="simulated"), SlotOptions())
+    assert [p.node.split("@")[0] for p in plan] == ["default-cpu0", "default-cpu1"]
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert all(p.env.get("CUDA_VISIBLE_DEVICES") == inherited for p in plan)
+
+
+def test_task_slots_default_to_twice_the_engine_batch():
+    assert task_slots(0, 64) == 128
+    assert task_slots(96, 64) == 96
+
+
+@pytest.mark.vllm
+def test_worker_that_cannot_load_its_engine_exits_with_a_reason(tmp_path):
+    argv = [sys.executable, "-m", "workers.serve", "--engine", "vllm", "--in-process"]
+    argv += ["--model", str(tmp_path / "missing-model"), "--queues", "never.consumed"]
+    done = subprocess.run(
+        argv,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={"PATH": "/usr/bin:/bin", "DJANGO_SETTINGS_MODULE": "tests.settings", "HOME": "/root"},
+    )
+    assert done.returncode == ENGINE_LOAD_FAILED
+    assert "cannot load the vllm engine for model" in done.stderr
+    assert "Not consuming any queue." in done.stderr
+    assert "ready" not in done.stdout
