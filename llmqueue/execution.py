@@ -1,4 +1,4 @@
-"""Running one request on a worker: claim it, hand it to the warm engine, record and publish once."""
+"""Running one request on a worker: claim it, run it on the warm engine, record and publish once."""
 
 from __future__ import annotations
 

@@ -33,10 +33,10 @@ class Recorder:
         self._thread.start()
 
     def claim(self, request_id: uuid.UUID, worker: str) -> lifecycle.Claim:
-        return self._call("claim", (request_id, worker))  # type: ignore[no-any-return]
+        return self._call("claim", (request_id, worker))
 
     def finish(self, outcome: lifecycle.Finish) -> bool:
-        return self._call("finish", outcome)  # type: ignore[no-any-return]
+        return self._call("finish", outcome)
 
     def _call(self, op: str, item: Any) -> Any:
         future: Future[Any] = Future()

@@ -13,6 +13,7 @@ from workers.engine import GenerationRequest, GenerationResult
 log = logging.getLogger(__name__)
 
 _IDLE_POLL_SECONDS = 0.5
+_Arrival = tuple[GenerationRequest, Future[GenerationResult]]
 
 
 class ContinuousEngine:
@@ -26,9 +27,7 @@ class ContinuousEngine:
     model_name = ""
 
     def __init__(self) -> None:
-        self._inbox: queue.SimpleQueue[tuple[GenerationRequest, Future[GenerationResult]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._inbox: queue.SimpleQueue[_Arrival | None] = queue.SimpleQueue()
         self._futures: dict[str, Future[GenerationResult]] = {}
         self.steps = 0
         self.submitted = 0
@@ -77,7 +76,10 @@ class ContinuousEngine:
     def _take_arrivals(self, block: bool) -> bool:
         """Move everything waiting in the inbox into the engine; False once closed."""
         try:
-            item = self._inbox.get(timeout=_IDLE_POLL_SECONDS) if block else self._inbox.get_nowait()
+            if block:
+                item = self._inbox.get(timeout=_IDLE_POLL_SECONDS)
+            else:
+                item = self._inbox.get_nowait()
         except queue.Empty:
             return not self._closed.is_set()
         while True:
@@ -104,7 +106,7 @@ class ContinuousEngine:
             try:
                 finished = self._step()
             except Exception as exc:
-                log.exception("engine step failed; failing the %d requests in it", len(self._futures))
+                log.exception("engine step failed; failing its %d requests", len(self._futures))
                 self._fail_all(exc)
                 continue
             self.steps += 1

@@ -1,4 +1,4 @@
-"""The engine adapter interface: what a worker hands an engine, what comes back, and how one is built."""
+"""The engine adapter interface: what a worker hands an engine and what comes back."""
 
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def generation_request(request_id: str, prompt: str, messages: Any, params: dict[str, Any], priority: int) -> GenerationRequest:
+def generation_request(
+    request_id: str, prompt: str, messages: Any, params: dict[str, Any], priority: int
+) -> GenerationRequest:
     """Build a GenerationRequest from a task's JSON fields (unknown params are ignored)."""
     known = {k: v for k, v in params.items() if k in GenerationRequest.__dataclass_fields__}
     return GenerationRequest(

@@ -1,4 +1,4 @@
-"""Command-line options shared by `runworkers` and `workers.serve`: declared once, passed through."""
+"""Command-line options shared by `runworkers` and `workers.serve`: declared once, passed on."""
 
 from __future__ import annotations
 
@@ -60,12 +60,24 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "multiprocess core)",
     )
 
+    parser.add_argument(
+        "--enforce-eager",
+        dest="enforce_eager",
+        action="store_true",
+        help="skip vLLM's torch.compile/graph capture: starts in seconds (the CPU build "
+        "recompiles on every start otherwise)",
+    )
+
 
 def add_slot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool", default="default", help="worker pool (ServedModel.pool)")
-    parser.add_argument("--slots", type=int, default=0, help="Celery task slots (default 2×max-num-seqs)")
+    parser.add_argument(
+        "--slots", type=int, default=0, help="Celery task slots (default 2×max-num-seqs)"
+    )
     parser.add_argument("--loglevel", default="INFO")
-    parser.add_argument("--events", action="store_true", help="send task events (Flower's task view)")
+    parser.add_argument(
+        "--events", action="store_true", help="send task events (Flower's task view)"
+    )
 
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:
@@ -85,4 +97,6 @@ def engine_argv(options: EngineOptions) -> list[str]:
             argv += [flag, str(value)]
     if options.in_process:
         argv.append("--in-process")
+    if options.enforce_eager:
+        argv.append("--enforce-eager")
     return argv

@@ -23,7 +23,7 @@ class WorkerProcess:
 def worker_processes(
     gpus: list[str], cpu_workers: int, queues: list[str], engine: EngineOptions, slots: SlotOptions
 ) -> list[WorkerProcess]:
-    """The processes to start: one per GPU id, or `cpu_workers` unpinned ones when `gpus` is empty."""
+    """The processes to start: one per GPU id, or `cpu_workers` unpinned ones without GPUs."""
     host = socket.gethostname()
     devices: list[str | None] = list(gpus) if gpus else [None] * cpu_workers
     processes = []

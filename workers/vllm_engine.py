@@ -79,10 +79,11 @@ class VllmEngine(ContinuousEngine):
         self.start()
 
     def _add(self, request: GenerationRequest) -> None:
-        prompt = request.prompt
-        if request.messages is not None:
+        prompt: Any = request.prompt
+        messages: Any = request.messages
+        if messages is not None:
             prompt = self._tokenizer.apply_chat_template(
-                request.messages, tokenize=False, add_generation_prompt=True
+                messages, tokenize=False, add_generation_prompt=True
             )
         try:
             self._engine.add_request(
@@ -98,7 +99,8 @@ class VllmEngine(ContinuousEngine):
         step = self.steps + 1
         finished = []
         for output in self._engine.step():
-            completion = output.outputs[0]
+            outputs: Any = output.outputs  # a list of CompletionOutput for generate requests
+            completion = outputs[0]
             if completion.token_ids and output.request_id not in self._first_token_step:
                 self._first_token_step[output.request_id] = step
             if output.finished:

