@@ -67,7 +67,7 @@ def test_stop_and_greedy_sampling_are_applied(engine: VllmEngine):
 def test_prompt_longer_than_the_context_is_an_engine_error(engine: VllmEngine):
     words = " ".join(f"w{i}" for i in range(3000))
     future = engine.submit(GenerationRequest("too-long", prompt=words, max_tokens=4))
-    with pytest.raises(EngineError, match="longer than the maximum model length"):
+    with pytest.raises(EngineError, match="maximum context length is 2048 tokens"):
         future.result(timeout=60)
     # The loop survives a rejected request.
     ok = engine.submit(GenerationRequest("after", prompt="hi", max_tokens=2, ignore_eos=True))

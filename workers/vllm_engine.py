@@ -85,11 +85,13 @@ class VllmEngine(ContinuousEngine):
             prompt = self._tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True
             )
+        from vllm.exceptions import VLLMClientError
+
         try:
             self._engine.add_request(
                 request.request_id, prompt, sampling_params(request), priority=request.priority
             )
-        except ValueError as exc:  # vLLM's way of saying "prompt too long" and the like
+        except (ValueError, VLLMClientError) as exc:  # the request's fault: prompt too long, ...
             raise EngineError(str(exc)) from exc
 
     def _has_work(self) -> bool:
