@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from celery import states
+from redis.client import PubSub
 
 from llmqueue.redis_client import get_redis
 from project.celery import app
@@ -34,6 +37,26 @@ def _outcome(meta: dict[str, Any]) -> Outcome:
     return Outcome(meta["status"], None, "", str(info))
 
 
+_local = threading.local()
+
+
+def _thread_pubsub() -> PubSub:
+    """This thread's pubsub connection, kept between waits: redis-py's PubSub.close() drops its
+    socket, so a fresh one per request costs a TCP connect and the client handshake (~1 ms)."""
+    pubsub: PubSub | None = getattr(_local, "pubsub", None)
+    if pubsub is None:
+        pubsub = get_redis().pubsub(ignore_subscribe_messages=True)
+        _local.pubsub = pubsub
+    return pubsub
+
+
+def _discard_thread_pubsub() -> None:
+    pubsub: PubSub | None = getattr(_local, "pubsub", None)
+    _local.pubsub = None
+    if pubsub is not None:
+        pubsub.close()
+
+
 def wait_for_outcome(request_id: str, timeout_seconds: float) -> Outcome | None:
     """The request's outcome, or None if it did not finish within `timeout_seconds`.
 
@@ -42,21 +65,45 @@ def wait_for_outcome(request_id: str, timeout_seconds: float) -> Outcome | None:
     """
     backend = app.backend
     key = backend.get_key_for_task(request_id)
+    channel = key.decode() if isinstance(key, bytes) else key
     client = get_redis()
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub = _thread_pubsub()
+    clean = False
     try:
-        pubsub.subscribe(key)
-        raw = client.get(key)
+        pubsub.subscribe(channel)
+        raw = client.get(channel)
         deadline = time.monotonic() + timeout_seconds
         while True:
             if raw is not None:
                 meta = backend.decode_result(raw)
                 if meta["status"] in states.READY_STATES:
+                    clean = True
                     return _outcome(meta)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                clean = True
                 return None
             message = pubsub.get_message(timeout=remaining)
-            raw = message["data"] if message and message["type"] == "message" else None
+            raw = None
+            # A reused connection may still deliver a late message for an earlier request's
+            # channel (published before its UNSUBSCRIBE was processed): only ours counts.
+            if message and message["type"] == "message" and _name(message["channel"]) == channel:
+                raw = message["data"]
     finally:
-        pubsub.close()
+        _release(pubsub, channel, clean)
+
+
+def _release(pubsub: PubSub, channel: str, clean: bool) -> None:
+    """Keep the connection for this thread's next wait, unless the wait broke off mid-way (its
+    state is then unknown) or the UNSUBSCRIBE itself fails."""
+    if clean:
+        try:
+            pubsub.unsubscribe(channel)
+            return
+        except redis.RedisError:
+            pass
+    _discard_thread_pubsub()
+
+
+def _name(channel: bytes | str) -> str:
+    return channel.decode() if isinstance(channel, bytes) else channel

@@ -40,6 +40,10 @@ def publish(row: PromptRequest, route: ModelRoute, caller: Caller) -> None:
         task_id=str(row.id),
         queue=queue_name(route.pool, caller.tier_name),
         expires=row.deadline_at,
+        # Celery would saferepr the whole payload into the message headers (CPU on every
+        # publish, and prompts shown in Flower/events): the request id says enough.
+        argsrepr=f"({row.id})",
+        kwargsrepr="{}",
     )
 
 
