@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench import harness
 
 MODEL_NAME = "tiny-llama"
@@ -33,6 +35,19 @@ REDIS_DB = 14
 
 def prompts(n: int) -> list[str]:
     return [f"Request {i}: the quick brown fox jumps over the lazy dog." for i in range(n)]
+
+
+def task_slots(args: argparse.Namespace) -> int:
+    return int(args.slots or 2 * args.max_num_seqs)
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds every process on this machine used so far (Linux /proc/stat): compared with
+    our own processes' figure it shows whether someone else's load skewed a run."""
+    with open("/proc/stat") as stat:
+        ticks = [int(v) for v in stat.readline().split()[1:8]]
+    busy = sum(ticks) - ticks[3] - ticks[4]  # minus idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def engine_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,12 +69,16 @@ def direct_main(args: argparse.Namespace) -> None:
 
     llm = LLM(model=args.model_path, scheduling_policy="priority", **engine_flags(args))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
-    llm.generate(prompts(8), params, use_tqdm=False)  # warm-up, as the worker gets
+    llm.generate(prompts(task_slots(args)), params, use_tqdm=False)  # warm-up, as the worker gets
+    machine_before, cpu_before = machine_cpu_seconds(), time.process_time()
     start = time.perf_counter()
     outputs = llm.generate(prompts(args.prompts), params, use_tqdm=False)
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu_before
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    print(json.dumps({"direct_s": elapsed, "direct_tokens": tokens}))
+    result = {"direct_s": elapsed, "direct_tokens": tokens, "direct_cpu_s": cpu}
+    result["direct_machine_cpu_s"] = machine_cpu_seconds() - machine_before
+    print(json.dumps(result))
 
 
 def run_direct(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,7 +93,8 @@ def run_direct(args: argparse.Namespace) -> dict[str, Any]:
 def child_flags(args: argparse.Namespace) -> list[str]:
     return [
         "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens),
-        "--max-num-seqs", str(args.max_num_seqs), "--model-path", args.model_path,
+        "--max-num-seqs", str(args.max_num_seqs), "--slots", str(args.slots),
+        "--model-path", args.model_path,
     ]  # fmt: skip
 
 
@@ -82,17 +102,23 @@ class ResultCollector:
     """Counts SUCCESS results published by the result backend (one pattern subscription)."""
 
     def __init__(self, url: str) -> None:
-        import redis
-
         self.client = redis.Redis.from_url(url)
         self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         self.pubsub.psubscribe("celery-task-meta-*")
         self.done: dict[str, dict[str, Any]] = {}
         self.lock = threading.Condition()
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._listen()
+        except (OSError, ValueError, redis.RedisError):
+            if not self._closing.is_set():  # close() pulls the socket from under listen()
+                raise
+
+    def _listen(self) -> None:
         for message in self.pubsub.listen():
             if message["type"] != "pmessage":
                 continue
@@ -115,6 +141,7 @@ class ResultCollector:
                     raise TimeoutError(f"{missing} results missing")
 
     def close(self) -> None:
+        self._closing.set()
         self.pubsub.close()
         self.client.close()
 
@@ -162,14 +189,20 @@ def run_stack(args: argparse.Namespace, started: list[harness.Child]) -> dict[st
         django.setup()
         collector = ResultCollector(redis_url)
         try:
-            collector.wait_for(set(submit_all(key, prompts(8), args.max_tokens)), 120)  # warm-up
+            # Warm-up: one request per task slot, so each pool thread has made its one-time
+            # setup (its thread-local result backend and Redis connection: ~5 ms of GIL each)
+            # before the clock, as in a worker that has been serving for a while.
+            warmup = prompts(task_slots(args))
+            collector.wait_for(set(submit_all(key, warmup, args.max_tokens)), 300)
             cpu_before = harness.cpu_seconds(worker.pid)
+            machine_before = machine_cpu_seconds()
             start = time.perf_counter()
             ids = submit_all(key, prompts(args.prompts), args.max_tokens)
             submitted = time.perf_counter() - start
             collector.wait_for(set(ids), 1800)
             elapsed = time.perf_counter() - start
             worker_cpu = harness.cpu_seconds(worker.pid) - cpu_before
+            machine_cpu = machine_cpu_seconds() - machine_before
             metas = [collector.done[i] for i in ids]
         finally:
             collector.close()
@@ -182,7 +215,8 @@ def run_stack(args: argparse.Namespace, started: list[harness.Child]) -> dict[st
             "stack_tokens": tokens,
             "submit_s": submitted,
             "worker_cpu_s": worker_cpu,
-            "slots": args.slots or 2 * args.max_num_seqs,
+            "stack_machine_cpu_s": machine_cpu,
+            "slots": task_slots(args),
             "database": database.kind,
         }
     finally:

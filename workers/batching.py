@@ -21,7 +21,7 @@ class ContinuousEngine:
     touches the engine, so requests join and leave the running batch at every step.
 
     Subclasses implement `_add` (queue one request in the engine), `_step` (run one step, return the
-    requests that finished) and `_has_work`.
+    requests that finished) and `_has_work`, and may build the engine in `_open`.
     """
 
     model_name = ""
@@ -33,10 +33,13 @@ class ContinuousEngine:
         self.submitted = 0
         self.finished = 0
         self._closed = threading.Event()
+        self._opened: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
+        """Start the engine thread; returns once `_open` succeeded there, or raises its error."""
         self._thread.start()
+        self._opened.result()
 
     def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
         future: Future[GenerationResult] = Future()
@@ -60,6 +63,9 @@ class ContinuousEngine:
         self._thread.join(timeout=10)
 
     # --- subclass hooks ---------------------------------------------------------------------
+    def _open(self) -> None:
+        """Build the engine, on the engine thread (see VllmEngine); default: nothing to build."""
+
     def _add(self, request: GenerationRequest) -> None:
         raise NotImplementedError
 
@@ -100,6 +106,13 @@ class ContinuousEngine:
                 return True
 
     def _run(self) -> None:
+        try:
+            self._open()
+        except BaseException as exc:
+            self._closed.set()
+            self._opened.set_exception(exc)
+            return
+        self._opened.set_result(None)
         while self._take_arrivals(block=not self._has_work()):
             if not self._has_work():
                 continue

@@ -32,6 +32,10 @@ class VllmConfig:
             "seed": self.seed,
             "scheduling_policy": "priority",
             "enforce_eager": self.enforce_eager,
+            # vLLM's own stat loggers (Prometheus, periodic log lines) have no endpoint in this
+            # worker and cost Python on every step under the GIL the task threads share; the
+            # queue exports its own metrics. LLM (the offline API) turns them off the same way.
+            "disable_log_stats": True,
         }
         if self.max_model_len:
             kwargs["max_model_len"] = self.max_model_len
@@ -47,8 +51,13 @@ def prepare_vllm_environment(in_process: bool) -> None:
 
 def sampling_params(request: GenerationRequest) -> Any:
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     return SamplingParams(
+        # Only the finished output: the default (CUMULATIVE) builds a RequestOutput with the whole
+        # text so far for every running request at every step, which nothing here reads. Both
+        # LLM.generate and vLLM's non-streaming OpenAI server ask for FINAL_ONLY too.
+        output_kind=RequestOutputKind.FINAL_ONLY,
         max_tokens=request.max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
@@ -67,16 +76,24 @@ class VllmEngine(ContinuousEngine):
 
     def __init__(self, config: VllmConfig) -> None:
         super().__init__()
-        prepare_vllm_environment(config.in_process)
+        self.config = config
+        self.model_name = config.model
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self.start()
+
+    def _open(self) -> None:
+        # Built on the engine thread, not the caller's: the CPU build's torch ops then run from
+        # the one thread that also loaded the model, so they share one OpenMP thread team. A
+        # second team (load on the main thread, steps on this one) puts more OpenMP threads than
+        # cores on the host, and libgomp then stops spin-waiting: every op of every step waits
+        # for a sleeping helper thread to wake (measured: ~3 ms more CPU per step, tiny Llama).
+        prepare_vllm_environment(self.config.in_process)
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        self.config = config
-        self.model_name = config.model
-        self._engine = LLMEngine.from_engine_args(EngineArgs(**config.engine_kwargs()))
+        self._engine = LLMEngine.from_engine_args(EngineArgs(**self.config.engine_kwargs()))
         self._tokenizer = self._engine.get_tokenizer()
-        self._first_token_step: dict[str, int] = {}
-        self.start()
 
     def _add(self, request: GenerationRequest) -> None:
         prompt: Any = request.prompt
@@ -100,26 +117,26 @@ class VllmEngine(ContinuousEngine):
     def _step(self) -> list[GenerationResult]:
         step = self.steps + 1
         finished = []
-        for output in self._engine.step():
+        for output in self._engine.step():  # FINAL_ONLY: finished requests only
+            if not output.finished:
+                continue
             outputs: Any = output.outputs  # a list of CompletionOutput for generate requests
             completion = outputs[0]
-            if completion.token_ids and output.request_id not in self._first_token_step:
-                self._first_token_step[output.request_id] = step
-            if output.finished:
-                finished.append(
-                    GenerationResult(
-                        request_id=output.request_id,
-                        text=completion.text,
-                        prompt_tokens=len(output.prompt_token_ids or ()),
-                        completion_tokens=len(completion.token_ids),
-                        finish_reason=completion.finish_reason or "stop",
-                        first_token_step=self._first_token_step.pop(output.request_id, step),
-                        finished_step=step,
-                    )
+            tokens = len(completion.token_ids)
+            finished.append(
+                GenerationResult(
+                    request_id=output.request_id,
+                    text=completion.text,
+                    prompt_tokens=len(output.prompt_token_ids or ()),
+                    completion_tokens=tokens,
+                    finish_reason=completion.finish_reason or "stop",
+                    # After its first token a running request decodes one token per step: this
+                    # is exact unless vLLM preempted the request (then it reads later).
+                    first_token_step=max(1, step - tokens + 1),
+                    finished_step=step,
                 )
+            )
         return finished
 
     def _abort(self, request_ids: list[str]) -> None:
         self._engine.abort_request(request_ids)
-        for request_id in request_ids:
-            self._first_token_step.pop(request_id, None)
