@@ -161,16 +161,21 @@ def seed(
         "max_tokens": max_tokens,
         "limits": limits or {},
     }
+    return str(_harness_command(env, ["seed", json.dumps(spec)], 120)["api_key"])
+
+
+def _harness_command(env: dict[str, str], args: list[str], timeout_seconds: float) -> Any:
+    """Run `python -m bench.harness ARGS` in the bench's environment; its last line is JSON."""
     done = subprocess.run(
-        [PYTHON, "-m", "bench.harness", "seed", json.dumps(spec)],
+        [PYTHON, "-m", "bench.harness", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         check=True,
-        timeout=120,
+        timeout=timeout_seconds,
     )
-    return str(json.loads(done.stdout.strip().splitlines()[-1])["api_key"])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _seed_main(spec_json: str) -> None:
@@ -417,16 +422,7 @@ class ApiServer:
 def request_timeline(env: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Every PromptRequest in the bench DB: id → status and epoch seconds of enqueue, claim and
     finish (the server's own timeline, to split a client-side latency into its parts)."""
-    done = subprocess.run(
-        [PYTHON, "-m", "bench.harness", "timeline"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return dict(_harness_command(env, ["timeline"], 300))
 
 
 def _timeline_main() -> None:
