@@ -12,7 +12,9 @@ from llmqueue.auth import Caller
 from llmqueue.errors import Unavailable
 from llmqueue.models import PromptRequest
 from llmqueue.payload import TaskPayload
+from llmqueue.publisher import publish_task
 from llmqueue.routing import ModelRoute, queue_name
+from llmqueue.tasks import GENERATE_TASK
 from llmqueue.validation import PromptSpec
 
 log = logging.getLogger(__name__)
@@ -32,18 +34,15 @@ def task_payload(row: PromptRequest, priority: int) -> TaskPayload:
 
 
 def publish(row: PromptRequest, route: ModelRoute, caller: Caller) -> None:
-    """Send the row's task to its (pool, tier) queue; the broker drops it at the deadline."""
-    from llmqueue.tasks import generate
-
-    generate.apply_async(
-        args=[task_payload(row, caller.tier_priority)],
-        task_id=str(row.id),
-        queue=queue_name(route.pool, caller.tier_name),
+    """Send the row's task to its (pool, tier) queue; the worker drops it after the deadline."""
+    publish_task(
+        GENERATE_TASK,
+        str(row.id),
+        queue_name(route.pool, caller.tier_name),
+        [task_payload(row, caller.tier_priority)],
         expires=row.deadline_at,
-        # Celery would saferepr the whole payload into the message headers (CPU on every
-        # publish, and prompts shown in Flower/events): the request id says enough.
+        # The request id says enough: prompts stay out of message headers, Flower and events.
         argsrepr=f"({row.id})",
-        kwargsrepr="{}",
     )
 
 
