@@ -3,17 +3,17 @@
     .venv/bin/python -m bench.latency [--rate 20] [--duration 60] [--max-tokens 1]
 
 HTTP in → auth/validation/admission → DB row → Celery/Redis → simulated worker (step time 0) →
-result backend → HTTP out, against a gunicorn-served API and one `workers.serve` process, with their
-own DB (temporary SQLite, or database `llmqueue_bench_latency` when $DATABASE_URL names a
-PostgreSQL server) and their own Redis db. Writes bench/results/latency.json and prints it, with
-a split of each latency by the row's own timestamps (enqueued_at, started_at, finished_at) and the
-CPU each process spent per request. Exit status 1 when any request failed (an invalid run).
+result backend → HTTP out, against the API served by granian (WSGI; `--server gunicorn` for the
+other) and one `workers.serve` process, with their own DB (temporary SQLite, or database
+`llmqueue_bench_latency` when $DATABASE_URL names a PostgreSQL server) and their own Redis db.
+Writes bench/results/latency.json and prints it, with a split of each latency by the row's own
+timestamps (enqueued_at, started_at, finished_at) and the CPU each process spent per request.
+Exit status 1 when any request failed (an invalid run).
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import math
 import os
@@ -31,6 +31,7 @@ from typing import Any
 import redis as redis_client
 
 from bench import harness
+from bench.http_client import HttpError, RawConnection, encode_request
 
 HOST = "127.0.0.1"
 GOAL_P50_MS = 5.0
@@ -64,39 +65,35 @@ class Sample:
 
 
 class LoadClient:
-    """Sends completion requests over per-thread keep-alive connections (like an SDK's pool)."""
+    """Sends completion requests over per-thread keep-alive connections (like an SDK's pool),
+    with the lean client of bench/http_client.py so its own cost stays out of the latency."""
 
     def __init__(self, port: int, api_key: str, body: dict[str, Any], path: str, timeout_s: float):
-        self.port, self.path, self.timeout_s = port, path, timeout_s
-        self.payload = json.dumps(body).encode()
-        self.headers = {
-            "Authorization": f"Bearer {api_key}",
-            "Content-Type": "application/json",
-            "Connection": "keep-alive",
-        }
+        self.port, self.timeout_s = port, timeout_s
+        headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
+        self.request = encode_request(
+            "POST", f"{HOST}:{port}", path, headers, json.dumps(body).encode()
+        )
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._connections: list[http.client.HTTPConnection] = []
+        self._connections: list[RawConnection] = []
         self.reconnects = 0
 
-    def _connection(self, fresh: bool = False) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+    def _connection(self, fresh: bool = False) -> RawConnection:
+        conn: RawConnection | None = getattr(self._local, "conn", None)
         if conn is None or fresh:
             if conn is not None:
                 conn.close()
-            conn = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout_s)
-            # Connect now, outside the measured interval: a pooled client has it open already.
-            conn.connect()
+            # Connected outside the measured interval: a pooled client has it open already.
+            conn = RawConnection(HOST, self.port, self.timeout_s)
             self._local.conn = conn
             with self._lock:
                 self._connections.append(conn)
         return conn
 
-    def _exchange(self, conn: http.client.HTTPConnection) -> tuple[int, bytes, str]:
-        conn.request("POST", self.path, body=self.payload, headers=self.headers)
-        response = conn.getresponse()
-        data = response.read()
-        return response.status, data, response.getheader("X-LLMQueue-Request-Id") or ""
+    def _exchange(self, conn: RawConnection) -> tuple[int, bytes, str]:
+        response = conn.exchange(self.request)
+        return response.status, response.body, response.headers.get("x-llmqueue-request-id", "")
 
     def send(self, scheduled: float) -> Sample:
         conn = self._connection()
@@ -105,7 +102,7 @@ class LoadClient:
         try:
             try:
                 status, data, request_id = self._exchange(conn)
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            except (HttpError, ConnectionResetError, BrokenPipeError):
                 # The server closed an idle keep-alive connection: reconnect, measure afresh.
                 with self._lock:
                     self.reconnects += 1
@@ -113,7 +110,7 @@ class LoadClient:
                 wall = time.time()
                 started = time.perf_counter()
                 status, data, request_id = self._exchange(conn)
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
             self._local.conn = None
             return Sample(
                 scheduled, started, time.perf_counter(), 0, f"{type(exc).__name__}: {exc}"
@@ -259,8 +256,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
     parser.add_argument("--client-threads", type=int, default=16, help="load generator threads")
     parser.add_argument("--request-timeout", type=float, default=30.0, help="seconds per request")
+    parser.add_argument("--server", choices=["granian", "gunicorn"], default="granian")
     parser.add_argument("--worker-class", default="gthread", help="gunicorn worker class")
-    parser.add_argument("--gunicorn-workers", type=int, default=1)
+    parser.add_argument("--api-workers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=8, help="gunicorn threads per worker")
     parser.add_argument("--gunicorn-config", default="", help="extra gunicorn config file")
     parser.add_argument("--max-num-seqs", type=int, default=64)
@@ -291,8 +289,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     redis = harness.redis_url(args.redis_db)
     database = harness.bench_database(args.db_name, args.database_url)
     server = harness.ApiServer(
-        args.worker_class, args.gunicorn_workers, args.threads, config=args.gunicorn_config
-    )
+        args.server, args.worker_class, args.api_workers, args.threads,
+        config=args.gunicorn_config,
+    )  # fmt: skip
     harness.flush_redis(redis)
     try:
         env = harness.bench_env(database, redis)
@@ -379,7 +378,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "max_tokens": args.max_tokens,
             "prompt_chars": len(args.prompt),
             "api": server.describe(),
-            "client": f"http.client keep-alive, {args.client_threads} threads, open loop",
+            "client": f"bench/http_client.py keep-alive, {args.client_threads} threads, open loop",
             "worker": " ".join(worker_argv[1:]),
             "database": database.kind,
             "redis": redis,
@@ -393,7 +392,7 @@ def report(result: dict[str, Any]) -> str:
     api = result["config"]["api"]
     lines = [
         f"latency over {result['requests']} requests at {result['rate_per_s']:g}/s "
-        f"({result['config']['database']}, gunicorn {api['worker_class']} "
+        f"({result['config']['database']}, {api['server']} "
         f"{api['workers']} workers x {api['threads']} threads):",
         f"  p50 {result['p50_ms']} ms  p90 {result.get('p90_ms')} ms  p99 {result['p99_ms']} ms  "
         f"mean {result.get('mean_ms')} ms  max {result.get('max_ms')} ms",
