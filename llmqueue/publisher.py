@@ -49,6 +49,8 @@ def task_envelope(
     message = app.amqp.as_task_v2(
         task_id, task_name, args=args, kwargs={}, expires=expires,
         argsrepr=argsrepr, kwargsrepr="{}",
+        # The header overrides the task's own setting on the worker, as apply_async sets it.
+        ignore_result=app.tasks[task_name].ignore_result,
     )  # fmt: skip
     body = dumps(message.body).encode("utf-8")
     return str(

@@ -1,9 +1,14 @@
-"""A worker's single DB thread: task slots hand it claims and outcomes, it writes them in batches.
+"""A worker's single DB thread: it records claims and outcomes in batches, then publishes outcomes.
 
 A GPU worker runs ~100+ task slots; one DB connection each would exhaust PostgreSQL's
 max_connections and contend on SQLite's lock. One thread with one connection takes whatever
 accumulated while its last batch ran, so a lone request waits for nothing and a burst costs a
 few statements instead of hundreds.
+
+It is also the only writer of outcomes to Celery's result backend: a finished, failed or expired
+request is committed to its row first (the source of truth), then published, all winners of a
+batch in one pipeline. Publishing here rather than from the task's thread saves the task thread
+a wake-up on every request's critical path (the generate task has `ignore_result`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
+from celery import states
+from celery.exceptions import TaskRevokedError
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
@@ -23,25 +31,64 @@ from llmqueue import lifecycle
 
 log = logging.getLogger(__name__)
 
+EXPIRED_REASON = "expired"
+
+
+class GenerationError(Exception):
+    """The engine rejected or failed the request; the caller sees the message."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What became of an outcome: `won` if this attempt still held the claim and its row was
+    written; `published` if the result backend has it too."""
+
+    won: bool
+    published: bool = False
+
+
 _Job = tuple[str, Any, Future[Any]]
 
 
+def _revoked(request_id: uuid.UUID) -> tuple[str, Any, str]:
+    return str(request_id), TaskRevokedError(EXPIRED_REASON), states.REVOKED
+
+
+def result_of(outcome: lifecycle.Finish) -> tuple[Any, str]:
+    """The value and state the result backend stores for an outcome."""
+    if outcome.succeeded:
+        return {
+            "text": outcome.output_text,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "finish_reason": outcome.finish_reason,
+        }, states.SUCCESS
+    return GenerationError(outcome.error), states.FAILURE
+
+
 class Recorder:
-    def __init__(self) -> None:
+    def __init__(self, publish: Callable[[list[tuple[str, Any, str]]], None]) -> None:
+        """`publish(items)` stores (task id, result, state) items in the result backend."""
+        self._publish = publish
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="llmqueue-recorder", daemon=True)
         self._thread.start()
 
-    def claim(self, request_id: uuid.UUID, worker: str) -> lifecycle.Claim:
-        return self._call("claim", (request_id, worker))
+    def claim(self, request_id: uuid.UUID, worker: str) -> Future[lifecycle.Claim]:
+        return self._submit("claim", (request_id, worker))
 
-    def finish(self, outcome: lifecycle.Finish) -> bool:
-        return self._call("finish", outcome)
+    def finish(self, outcome: lifecycle.Finish) -> Future[Recorded]:
+        """Record `outcome` if its attempt still holds the claim, then publish it."""
+        return self._submit("finish", outcome)
 
-    def _call(self, op: str, item: Any) -> Any:
+    def expire(self, request_id: uuid.UUID) -> Future[Recorded]:
+        """Mark an unfinished request expired (Celery dropped its message), then publish that."""
+        return self._submit("expire", request_id)
+
+    def _submit(self, op: str, item: Any) -> Future[Any]:
         future: Future[Any] = Future()
         self._jobs.put((op, item, future))
-        return future.result()
+        return future
 
     def _run(self) -> None:
         while True:
@@ -51,7 +98,11 @@ class Recorder:
                     jobs.append(self._jobs.get_nowait())
                 except queue.Empty:
                     break
-            for op, handler in (("claim", self._claims), ("finish", self._finishes)):
+            for op, handler in (
+                ("claim", self._claims),
+                ("expire", self._expiries),
+                ("finish", self._finishes),
+            ):
                 batch = [j for j in jobs if j[0] == op]
                 if batch:
                     self._apply(batch, handler)
@@ -67,28 +118,53 @@ class Recorder:
                 if not future.done():
                     future.set_exception(exc)
 
-    @staticmethod
-    def _claims(batch: list[_Job]) -> None:
+    def _claims(self, batch: list[_Job]) -> None:
         by_worker: dict[str, list[_Job]] = {}
         for job in batch:
             by_worker.setdefault(job[1][1], []).append(job)
+        claims: dict[uuid.UUID, lifecycle.Claim] = {}
         for worker, jobs in by_worker.items():
             ids = list(dict.fromkeys(j[1][0] for j in jobs))
-            claims = lifecycle.claim(ids, worker, timezone.now())
-            seen: set[uuid.UUID] = set()
-            for _, (request_id, _), future in jobs:
-                # The same id twice in one batch: a duplicate delivery; only one may run it.
-                outcome = claims[request_id]
-                if request_id in seen:
-                    outcome = lifecycle.Claim(request_id, None)
-                seen.add(request_id)
-                future.set_result(outcome)
+            claims.update(lifecycle.claim(ids, worker, timezone.now()))
+        # The claim expired overdue requests instead of running them: publish that first.
+        self._publish_or_log([_revoked(i) for i, c in claims.items() if c.expired])
+        seen: set[uuid.UUID] = set()
+        for _, (request_id, _), future in batch:
+            # The same id twice in one batch: a duplicate delivery; only one may run it.
+            outcome = claims[request_id]
+            if request_id in seen and outcome.attempt is not None:
+                outcome = lifecycle.Claim(request_id, None)
+            seen.add(request_id)
+            future.set_result(outcome)
 
-    @staticmethod
-    def _finishes(batch: list[_Job]) -> None:
+    def _expiries(self, batch: list[_Job]) -> None:
+        expired = lifecycle.expire([j[1] for j in batch], timezone.now())
+        items = [_revoked(i) for i in dict.fromkeys(j[1] for j in batch) if i in expired]
+        self._settle(batch, items, lambda job: job[1] in expired)
+
+    def _finishes(self, batch: list[_Job]) -> None:
         won = lifecycle.finish([j[1] for j in batch], timezone.now())
-        for _, outcome, future in batch:
-            future.set_result(outcome.request_id in won)
+        items = [(str(j[1].request_id), *result_of(j[1])) for j in batch if j[1].request_id in won]
+        self._settle(batch, items, lambda job: job[1].request_id in won)
+
+    def _settle(
+        self, batch: list[_Job], items: list[tuple[str, Any, str]], won: Callable[[_Job], bool]
+    ) -> None:
+        """Publish the committed outcomes, then tell each job what became of it. A publish that
+        fails leaves the outcome in its row (pollable); the blocking caller then times out."""
+        published = self._publish_or_log(items)
+        for job in batch:
+            job[2].set_result(Recorded(won(job), published and won(job)))
+
+    def _publish_or_log(self, items: list[tuple[str, Any, str]]) -> bool:
+        if not items:
+            return True
+        try:
+            self._publish(items)
+        except Exception:
+            log.exception("publishing %d outcomes failed; their rows have them", len(items))
+            return False
+        return True
 
 
 _recorder: Recorder | None = None
@@ -99,5 +175,7 @@ def get_recorder() -> Recorder:
     global _recorder
     with _lock:
         if _recorder is None:
-            _recorder = Recorder()
+            from project.celery import app
+
+            _recorder = Recorder(app.backend.store_many)
         return _recorder

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import states
 from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
@@ -43,4 +44,22 @@ class LeanRedisBackend(RedisBackend):
         pipe = self.client.pipeline(transaction=False)
         pipe.set(key, value, ex=expires or None)
         pipe.publish(key, value)
+        pipe.execute()
+
+    def store_many(self, items: list[tuple[str, Any, str]]) -> None:
+        """Store and publish several (task id, result, state) at once: one round trip for a
+        batch of outcomes, each in the format and with the expiry `store_result` would give."""
+        self.ensure(self._store_many, (items,))
+
+    def _store_many(self, items: list[tuple[str, Any, str]]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for task_id, result, state in items:
+            meta = self._get_result_meta(
+                result=self.encode_result(result, state), state=state, traceback=None, request=None
+            )
+            meta["task_id"] = task_id
+            key, value = self.get_key_for_task(task_id), self.encode(meta)
+            expires = self.failure_expires if state == states.FAILURE else self.expires
+            pipe.set(key, value, ex=expires or None)
+            pipe.publish(key, value)
         pipe.execute()
