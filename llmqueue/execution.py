@@ -25,7 +25,7 @@ from workers.runtime import current_engine
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-__all__ = ["GenerationError", "run_prompt", "start_prompt"]
+__all__ = ["GenerationError", "run_prompts", "start_prompt"]
 
 Ran = tuple[lifecycle.Claim, lifecycle.Finish | None, Recorded | None]
 
@@ -103,20 +103,26 @@ def start_prompt(
     return done
 
 
-def run_prompt(payload: TaskPayload, worker: str) -> None:
-    """Run the request in `payload`; its outcome is published by the recorder.
+def run_prompts(payloads: list[TaskPayload], worker: str) -> None:
+    """Run the requests of one task message (one for an API call, several for a bulk job's
+    chunk) on the engine at once; each outcome is published by the recorder.
 
-    Raises Ignore when this delivery did nothing to publish (the request was already finished,
-    or another attempt took it over) or only its expiry (the recorder published that: its
-    deadline passed before the engine got it), and GenerationError when the engine failed it
-    (so Celery logs and counts a failure).
+    Raises Ignore when this delivery did nothing to publish (the requests were already finished,
+    or another attempt took them over) or only expiries (the recorder published those: their
+    deadline passed before the engine got them), and GenerationError when the engine failed a
+    request (so Celery logs and counts a failure; the others' results are published all the same).
     """
-    claim, outcome, recorded = start_prompt(
-        payload, worker, get_recorder(), current_engine()
-    ).result()
-    if outcome is None or recorded is None or not recorded.won:
+    recorder, engine = get_recorder(), current_engine()
+    chains = [start_prompt(payload, worker, recorder, engine) for payload in payloads]
+    ran = [chain.result() for chain in chains]
+    recorded = [(claim, outcome, r) for claim, outcome, r in ran if outcome and r and r.won]
+    if not recorded:
         raise Ignore()
-    if not recorded.published:
-        log.warning("request %s finished but its result could not be published", claim.request_id)
-    if not outcome.succeeded:
-        raise GenerationError(outcome.error)
+    for claim, _, r in recorded:
+        if not r.published:
+            log.warning(
+                "request %s finished but its result could not be published", claim.request_id
+            )
+    failed = [outcome for _, outcome, _ in recorded if not outcome.succeeded]
+    if failed:
+        raise GenerationError("; ".join(f"{o.request_id}: {o.error}" for o in failed))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -71,6 +72,31 @@ def task_envelope(
             }
         )
     )
+
+
+@dataclass(frozen=True)
+class TaskMessage:
+    """One task to publish: Celery's task id, the queue, the task's positional arguments."""
+
+    task_id: str
+    queue: str
+    args: list[Any]
+    expires: datetime | None = None
+    argsrepr: str = "()"
+
+
+def publish_tasks(task_name: str, messages: list[TaskMessage]) -> None:
+    """Put task messages on their queues in one round trip, each queue's in the given order
+    (LPUSH several values: a worker's BRPOP takes them oldest first). Raises redis.RedisError
+    when the broker refuses them."""
+    by_queue: dict[str, list[str]] = {}
+    for m in messages:
+        envelope = task_envelope(task_name, m.task_id, m.queue, m.args, m.expires, m.argsrepr)
+        by_queue.setdefault(m.queue, []).append(envelope)
+    pipe = _broker().pipeline(transaction=False)
+    for queue, envelopes in by_queue.items():
+        pipe.lpush(queue, *envelopes)
+    pipe.execute()
 
 
 def publish_task(

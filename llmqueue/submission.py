@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -12,7 +12,7 @@ from llmqueue.auth import Caller
 from llmqueue.errors import Unavailable
 from llmqueue.models import PromptRequest
 from llmqueue.payload import TaskPayload
-from llmqueue.publisher import publish_task
+from llmqueue.publisher import TaskMessage, publish_tasks
 from llmqueue.routing import ModelRoute, queue_name
 from llmqueue.tasks import GENERATE_TASK
 from llmqueue.validation import PromptSpec
@@ -33,36 +33,44 @@ def task_payload(row: PromptRequest, priority: int) -> TaskPayload:
     }
 
 
-def publish(row: PromptRequest, route: ModelRoute, caller: Caller) -> None:
-    """Send the row's task to its (pool, tier) queue; the worker drops it after the deadline."""
-    publish_task(
+def chunks(rows: list[PromptRequest], size: int) -> list[list[PromptRequest]]:
+    return [rows[i : i + size] for i in range(0, len(rows), max(1, size))]
+
+
+def publish(rows: list[PromptRequest], route: ModelRoute, caller: Caller, chunk_size: int) -> None:
+    """Send the rows' tasks to their (pool, tier) queue, `chunk_size` requests per message; the
+    worker drops a message after its deadline. A message's task id is its first request's id."""
+    queue = queue_name(route.pool, caller.tier_name)
+    publish_tasks(
         GENERATE_TASK,
-        str(row.id),
-        queue_name(route.pool, caller.tier_name),
-        [task_payload(row, caller.tier_priority)],
-        expires=row.deadline_at,
-        # The request id says enough: prompts stay out of message headers, Flower and events.
-        argsrepr=f"({row.id})",
+        [
+            TaskMessage(
+                str(chunk[0].id),
+                queue,
+                [[task_payload(row, caller.tier_priority) for row in chunk]],
+                expires=min(row.deadline_at for row in chunk),
+                # The request ids say enough: prompts stay out of headers, Flower and events.
+                argsrepr=f"({', '.join(str(row.id) for row in chunk)})",
+            )
+            for chunk in chunks(rows, chunk_size)
+        ],
     )
 
 
-def mark_unpublished(row: PromptRequest, error: Exception) -> None:
-    PromptRequest.objects.filter(pk=row.pk, status=PromptRequest.Status.QUEUED).update(
+def mark_unpublished(rows: list[PromptRequest], error: Exception) -> None:
+    PromptRequest.objects.filter(
+        pk__in=[row.pk for row in rows], status=PromptRequest.Status.QUEUED
+    ).update(
         status=PromptRequest.Status.FAILED,
         finished_at=timezone.now(),
         error=f"not enqueued: broker unavailable ({error})",
     )
 
 
-def submit_prompt(caller: Caller, route: ModelRoute, spec: PromptSpec) -> PromptRequest:
-    """Store the request as queued and publish it once the row is committed.
-
-    Publishing after commit means a worker never sees an id the DB does not have yet. If the broker
-    refuses the publish, the row is marked failed and the caller gets 503: nothing is stranded as
-    "queued" without a message.
-    """
-    now = timezone.now()
-    row = PromptRequest(
+def new_request(
+    caller: Caller, route: ModelRoute, spec: PromptSpec, now: datetime
+) -> PromptRequest:
+    return PromptRequest(
         tenant_id=caller.tenant_id,
         tier_id=caller.tier_id,
         model=route.name,
@@ -73,16 +81,45 @@ def submit_prompt(caller: Caller, route: ModelRoute, spec: PromptSpec) -> Prompt
         enqueued_at=now,
         deadline_at=now + timedelta(seconds=caller.max_wait_seconds),
     )
+
+
+def submit_prompts(
+    caller: Caller, route: ModelRoute, specs: list[PromptSpec], chunk_size: int = 1
+) -> list[PromptRequest]:
+    """Store the requests as queued, in one transaction, and publish them once it committed (one
+    broker round trip for all: a bulk job's prompts cost a few statements, not one per prompt).
+    A bulk job packs `chunk_size` requests per task message: the worker's per-message cost
+    (Celery's delivery, unacked bookkeeping, ack) is then paid once per chunk; each request still
+    has its own row, claim and result.
+
+    Publishing after commit means a worker never sees an id the DB does not have yet. If the broker
+    refuses the publish, the rows are marked failed and the caller gets 503: nothing is stranded
+    as "queued" without a message.
+    """
+    now = timezone.now()
+    rows = [new_request(caller, route, spec, now) for spec in specs]
+    committed = False
+
+    def publish_committed() -> None:
+        nonlocal committed
+        committed = True
+        publish(rows, route, caller, chunk_size)
+
     try:
         with transaction.atomic():
-            row.save(force_insert=True)
-            transaction.on_commit(lambda: publish(row, route, caller))
-    except Exception as exc:  # the broker refused the publish after the commit
-        if row._state.adding:
+            PromptRequest.objects.bulk_create(rows)
+            transaction.on_commit(publish_committed)
+    except Exception as exc:
+        if not committed:
             raise
-        log.exception("publish of %s failed", row.id)
-        mark_unpublished(row, exc)
+        log.exception("publish of %d requests failed", len(rows))
+        mark_unpublished(rows, exc)
         raise Unavailable(
             "The queue is unavailable; retry shortly.", retry_after_seconds=5
         ) from exc
-    return row
+    return rows
+
+
+def submit_prompt(caller: Caller, route: ModelRoute, spec: PromptSpec) -> PromptRequest:
+    """Store one request as queued and publish it once the row is committed."""
+    return submit_prompts(caller, route, [spec])[0]

@@ -8,17 +8,18 @@ from typing import Any
 from celery import shared_task
 from celery.signals import task_revoked
 
-from llmqueue.execution import run_prompt
+from llmqueue.execution import run_prompts
 from llmqueue.payload import TaskPayload
 from llmqueue.recorder import get_recorder
 
 GENERATE_TASK = "llmqueue.generate"
 
 
-# ignore_result: the worker's recorder publishes every outcome itself, after its DB row.
+# ignore_result: the worker's recorder publishes every request's outcome under the request's own
+# id, right after its DB row; a message carries one request (an API call) or a bulk job's chunk.
 @shared_task(bind=True, name=GENERATE_TASK, acks_late=True, ignore_result=True)
-def generate(self: Any, payload: TaskPayload) -> None:
-    run_prompt(payload, worker=self.request.hostname or "")
+def generate(self: Any, payloads: list[TaskPayload]) -> None:
+    run_prompts(payloads, worker=self.request.hostname or "")
 
 
 @task_revoked.connect
@@ -26,4 +27,5 @@ def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, *
     """Celery drops a message past its `expires` before running it: the recorder marks the row
     expired and publishes that, off the consumer's event loop."""
     if expired and request is not None and getattr(sender, "name", None) == GENERATE_TASK:
-        get_recorder().expire(uuid.UUID(request.id))
+        for payload in request.args[0]:
+            get_recorder().expire(uuid.UUID(payload["request_id"]))
