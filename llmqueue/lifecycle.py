@@ -97,29 +97,56 @@ def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUI
     return {i: Claim(i, claimed.get(i), expired=i in expired) for i in ids}
 
 
+_FINISH_COLUMNS = (
+    "status", "output_text", "prompt_tokens", "completion_tokens", "finish_reason", "error",
+)  # fmt: skip
+# Outcomes per UPDATE: 14 parameters each stays far below SQLite's and PostgreSQL's limits.
+_FINISH_BATCH = 200
+
+
+def _finish_values(o: Finish) -> tuple[object, ...]:
+    status = S.SUCCEEDED if o.succeeded else S.FAILED
+    return (
+        status, o.output_text, o.prompt_tokens, o.completion_tokens, o.finish_reason, o.error
+    )  # fmt: skip
+
+
+def _finish_batch(outcomes: Sequence[Finish], now: datetime) -> set[uuid.UUID]:
+    """One UPDATE for outcomes of distinct requests: each column is a CASE over the ids, and
+    only rows still running under the outcome's own attempt are touched."""
+    ids = _db_ids([o.request_id for o in outcomes])
+    values = [_finish_values(o) for o in outcomes]
+    whens = " ".join("WHEN %s THEN %s" for _ in outcomes)
+    sets = ", ".join(f"{column} = CASE id {whens} END" for column in _FINISH_COLUMNS)
+    matches = " OR ".join("(id = %s AND attempts = %s)" for _ in outcomes)
+    params: list[object] = []
+    for column_index in range(len(_FINISH_COLUMNS)):
+        for db_id, row in zip(ids, values, strict=True):
+            params += [db_id, row[column_index]]
+    params += [now, S.RUNNING]
+    for db_id, o in zip(ids, outcomes, strict=True):
+        params += [db_id, o.attempt]
+    sql = (
+        f"UPDATE {_TABLE} SET {sets}, finished_at = %s "
+        f"WHERE status = %s AND ({matches}) RETURNING id, attempts"
+    )
+    return {i for i, _ in _update_returning_ids(sql, params)}
+
+
 def finish(outcomes: Sequence[Finish], now: datetime) -> set[uuid.UUID]:
     """Record outcomes; returns the ids whose attempt still held the claim (the only ones whose
-    result may be published)."""
+    result may be published). A worker's recorder hands a whole batch at once: a few statements
+    for dozens of requests that finished at the same engine step."""
+    seen: set[uuid.UUID] = set()
+    distinct: list[Finish] = []
+    repeated: list[Finish] = []
+    for o in outcomes:  # two attempts of one request in one batch: each needs its own statement
+        (repeated if o.request_id in seen else distinct).append(o)
+        seen.add(o.request_id)
     won: set[uuid.UUID] = set()
-    with transaction.atomic(), connection.cursor() as cursor:
-        for o in outcomes:
-            cursor.execute(
-                f"UPDATE {_TABLE} SET status = %s, finished_at = %s, output_text = %s, "
-                f"prompt_tokens = %s, completion_tokens = %s, finish_reason = %s, error = %s "
-                f"WHERE id = %s AND attempts = %s AND status = %s",
-                [
-                    S.SUCCEEDED if o.succeeded else S.FAILED,
-                    now,
-                    o.output_text,
-                    o.prompt_tokens,
-                    o.completion_tokens,
-                    o.finish_reason,
-                    o.error,
-                    *_db_ids([o.request_id]),
-                    o.attempt,
-                    S.RUNNING,
-                ],
-            )
-            if cursor.rowcount == 1:
-                won.add(o.request_id)
+    with transaction.atomic():
+        for start in range(0, len(distinct), _FINISH_BATCH):
+            won |= _finish_batch(distinct[start : start + _FINISH_BATCH], now)
+        for o in repeated:
+            won |= _finish_batch([o], now)
     return won

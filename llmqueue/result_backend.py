@@ -52,12 +52,20 @@ class LeanRedisBackend(RedisBackend):
         self.ensure(self._store_many, (items,))
 
     def _store_many(self, items: list[tuple[str, Any, str]]) -> None:
+        # The meta `_get_result_meta` builds for a request-less store (no group, parent,
+        # children or extended fields), made here once per batch instead of re-reading the
+        # settings for every item.
+        date_done = self.app.now().isoformat()
         pipe = self.client.pipeline(transaction=False)
         for task_id, result, state in items:
-            meta = self._get_result_meta(
-                result=self.encode_result(result, state), state=state, traceback=None, request=None
-            )
-            meta["task_id"] = task_id
+            meta = {
+                "status": state,
+                "result": self.encode_result(result, state),
+                "traceback": None,
+                "children": None,
+                "date_done": date_done,
+                "task_id": task_id,
+            }
             key, value = self.get_key_for_task(task_id), self.encode(meta)
             expires = self.failure_expires if state == states.FAILURE else self.expires
             pipe.set(key, value, ex=expires or None)

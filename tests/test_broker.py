@@ -99,3 +99,17 @@ def test_publisher_leaves_a_past_expiry_for_the_worker_to_judge(clean_redis: red
     past = datetime.now(UTC) - timedelta(seconds=1)
     publish_task(GENERATE_TASK, "late", QUEUE, [{}], expires=past)
     assert pop_envelope(clean_redis)["headers"]["expires"] == past.isoformat()
+
+
+def test_batched_store_writes_what_store_result_writes(clean_redis: redis.Redis):
+    backend = app.backend
+    backend.store_result("one", {"text": "a"}, states.SUCCESS)
+    backend.store_many(
+        [("many", {"text": "a"}, states.SUCCESS), ("bad", RuntimeError("no"), states.FAILURE)]
+    )
+    single, batched = (backend.get_task_meta(i) for i in ("one", "many"))
+    for meta in (single, batched):
+        meta.pop("date_done"), meta.pop("task_id")
+    assert batched == single
+    assert AsyncResult("many", app=app).get(timeout=5) == {"text": "a"}
+    assert AsyncResult("bad", app=app).state == states.FAILURE

@@ -99,3 +99,29 @@ def test_expire_leaves_finished_requests_alone():
     assert lifecycle.expire([row.id], now) == set()
     row.refresh_from_db()
     assert row.status == S.SUCCEEDED
+
+
+def test_batched_finish_records_each_outcome_under_its_own_attempt():
+    ok, failed, stale, twice = (make_request() for _ in range(4))
+    now = timezone.now()
+    lifecycle.claim([ok.id, failed.id, stale.id, twice.id], "w1", now)
+    lifecycle.claim([stale.id, twice.id], "w2", now)  # redelivered: attempt 2 took them over
+    won = lifecycle.finish(
+        [
+            done(ok.id, 1, "first"),
+            lifecycle.Finish(failed.id, 1, succeeded=False, error="engine said no"),
+            done(stale.id, 1, "too late"),
+            done(twice.id, 1, "old attempt"),
+            done(twice.id, 2, "new attempt"),
+        ],
+        now,
+    )
+    assert won == {ok.id, failed.id, twice.id}
+    rows = {r.id: r for r in PromptRequest.objects.all()}
+    assert (rows[ok.id].status, rows[ok.id].output_text) == (S.SUCCEEDED, "first")
+    assert (rows[ok.id].prompt_tokens, rows[ok.id].completion_tokens) == (2, 3)
+    assert (rows[failed.id].status, rows[failed.id].error) == (S.FAILED, "engine said no")
+    assert (rows[failed.id].output_text, rows[failed.id].prompt_tokens) == ("", None)
+    assert (rows[stale.id].status, rows[stale.id].output_text) == (S.RUNNING, "")
+    assert (rows[twice.id].status, rows[twice.id].output_text) == (S.SUCCEEDED, "new attempt")
+    assert rows[twice.id].finished_at == now
