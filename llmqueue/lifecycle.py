@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from llmqueue.models import PromptRequest
 
 S = PromptRequest.Status
+EXPIRED_ERROR = "deadline passed before an engine took it"
 _TABLE = PromptRequest._meta.db_table
 
 
@@ -67,7 +68,7 @@ def expire(ids: Sequence[uuid.UUID], now: datetime, overdue_only: bool = False) 
         f"UPDATE {_TABLE} SET status = %s, finished_at = %s, error = %s "
         f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s)"
     )
-    params: list[object] = [S.EXPIRED, now, "deadline passed before an engine took it"]
+    params: list[object] = [S.EXPIRED, now, EXPIRED_ERROR]
     params += [*_db_ids(ids), S.QUEUED, S.RUNNING]
     if overdue_only:
         sql += " AND deadline_at <= %s"
@@ -78,23 +79,39 @@ def expire(ids: Sequence[uuid.UUID], now: datetime, overdue_only: bool = False) 
 def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUID, Claim]:
     """Claim requests for `worker`. A queued request is claimed; a running one too, since its
     message was redelivered (its worker died, or the visibility timeout passed): the new attempt
-    takes over and the old one can no longer finish it. Overdue requests are expired instead."""
+    takes over and the old one can no longer finish it. Overdue requests are expired instead.
+
+    One statement does both: every SET expression sees the row as it was, so each request is
+    either expired or claimed by its own deadline, and one round trip is on every request's path.
+    """
     if not ids:
         return {}
-    with transaction.atomic():
-        expired = expire(ids, now, overdue_only=True)
-        live = [i for i in ids if i not in expired]
-        claimed: dict[uuid.UUID, int] = {}
-        if live:
-            claimed = dict(
-                _update_returning_ids(
-                    f"UPDATE {_TABLE} SET status = %s, attempts = attempts + 1, worker = %s, "
-                    f"started_at = %s WHERE id IN ({_placeholders(len(live))}) "
-                    f"AND status IN (%s, %s) RETURNING id, attempts",
-                    [S.RUNNING, worker, now, *_db_ids(live), S.QUEUED, S.RUNNING],
-                )
-            )
-    return {i: Claim(i, claimed.get(i), expired=i in expired) for i in ids}
+    overdue = "CASE WHEN deadline_at <= %s THEN {expired} ELSE {running} END"
+    sets = {
+        "status": overdue.format(expired="%s", running="%s"),
+        "attempts": overdue.format(expired="attempts", running="attempts + 1"),
+        "worker": overdue.format(expired="worker", running="%s"),
+        "started_at": overdue.format(expired="started_at", running="%s"),
+        "finished_at": overdue.format(expired="%s", running="finished_at"),
+        "error": overdue.format(expired="%s", running="error"),
+    }
+    params: list[object] = [now, S.EXPIRED, S.RUNNING, now, now, worker, now, now]
+    params += [now, now, now, EXPIRED_ERROR]
+    sql = (
+        f"UPDATE {_TABLE} SET {', '.join(f'{c} = {e}' for c, e in sets.items())} "
+        f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s) "
+        f"RETURNING id, status, attempts"
+    )
+    params += [*_db_ids(ids), S.QUEUED, S.RUNNING]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = {uuid.UUID(str(i)): (status, int(attempts)) for i, status, attempts in cursor}
+    claims = {}
+    for i in ids:
+        status, attempts = rows.get(i, ("", 0))
+        expired = status == S.EXPIRED
+        claims[i] = Claim(i, attempts if status == S.RUNNING else None, expired=expired)
+    return claims
 
 
 _FINISH_COLUMNS = (
