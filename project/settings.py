@@ -35,6 +35,13 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 
+# The API under /v1/ (bearer keys, no sessions or forms) runs with only these (project/wsgi.py):
+# security headers, and CommonMiddleware's Content-Length so keep-alive clients need no chunking.
+API_MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+]
+
 ROOT_URLCONF = "project.urls"
 WSGI_APPLICATION = "project.wsgi.application"
 
