@@ -6,6 +6,8 @@ import math
 
 from django.http import JsonResponse
 
+from llmqueue.failures import ContextLengthExceeded, RequestRejected
+
 
 class ApiError(Exception):
     """An error the API reports to the caller in OpenAI's error shape."""
@@ -97,6 +99,16 @@ class RequestExpired(ApiError):
     status = 504
     type = "timeout"
     code = "expired"
+
+
+def failure_error(error_type: str, message: str, headers: dict[str, str]) -> ApiError:
+    """The API error for a failure a worker published (llmqueue/failures.py), by its type name:
+    the request's fault is a 4xx the caller can fix, the engine's a 500."""
+    if error_type == ContextLengthExceeded.__name__:
+        return PromptTooLarge(message, headers=headers)
+    if error_type == RequestRejected.__name__:
+        return BadRequest(message, code=RequestRejected.code, headers=headers)
+    return GenerationFailed(f"Generation failed: {message}", headers=headers)
 
 
 def error_response(error: ApiError) -> JsonResponse:

@@ -17,15 +17,16 @@ from typing import Any, TypeVar
 from celery.exceptions import Ignore
 
 from llmqueue import lifecycle
+from llmqueue.failures import ContextLengthExceeded, GenerationError, RequestRejected
 from llmqueue.payload import TaskPayload
-from llmqueue.recorder import GenerationError, Recorded, Recorder, get_recorder
-from workers.engine import Engine, EngineError, GenerationResult, generation_request
+from llmqueue.recorder import Recorded, Recorder, get_recorder
+from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong, generation_request
 from workers.runtime import current_engine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-__all__ = ["GenerationError", "run_prompts", "start_prompt"]
+__all__ = ["run_prompts", "start_prompt"]
 
 Ran = tuple[lifecycle.Claim, lifecycle.Finish | None, Recorded | None]
 
@@ -44,18 +45,23 @@ def _then(source: Future[T], done: Future[Any], step: Callable[[T], None]) -> No
     source.add_done_callback(callback)
 
 
-def _outcome(
+def outcome_of(
     request_id: uuid.UUID, attempt: int, generated: Future[GenerationResult]
 ) -> lifecycle.Finish:
-    """The outcome to record for a generation; a failed one is recorded too (the caller gets its
-    500 and the row says why), whether the request was at fault or the engine."""
+    """The outcome to record for a generation; a failed one is recorded too, with why (the row
+    says it, and the caller gets 413/400 when the request was at fault, 500 when the engine)."""
     try:
         result = generated.result()
     except EngineError as exc:
-        return lifecycle.Finish(request_id, attempt, succeeded=False, error=str(exc))
+        code = (ContextLengthExceeded if isinstance(exc, PromptTooLong) else RequestRejected).code
+        return lifecycle.Finish(
+            request_id, attempt, succeeded=False, error=str(exc), error_code=code
+        )
     except Exception as exc:
         error = f"engine failure: {type(exc).__name__}: {exc}"
-        return lifecycle.Finish(request_id, attempt, succeeded=False, error=error)
+        return lifecycle.Finish(
+            request_id, attempt, succeeded=False, error=error, error_code=GenerationError.code
+        )
     return lifecycle.Finish(
         request_id,
         attempt,
@@ -90,7 +96,7 @@ def start_prompt(
 
         def on_generated(generated: Future[GenerationResult]) -> None:
             try:
-                outcome = _outcome(request_id, attempt, generated)
+                outcome = outcome_of(request_id, attempt, generated)
                 _then(
                     recorder.finish(outcome), done, lambda r: done.set_result((claim, outcome, r))
                 )

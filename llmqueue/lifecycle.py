@@ -42,6 +42,7 @@ class Finish:
     completion_tokens: int | None = None
     finish_reason: str = ""
     error: str = ""
+    error_code: str = ""  # a llmqueue.failures code: why it failed, for the caller's status
 
 
 def _db_ids(ids: Sequence[uuid.UUID]) -> list[object]:

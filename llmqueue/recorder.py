@@ -28,14 +28,11 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from llmqueue import lifecycle
+from llmqueue.failures import FAILURES, GenerationError
 
 log = logging.getLogger(__name__)
 
 EXPIRED_REASON = "expired"
-
-
-class GenerationError(Exception):
-    """The engine rejected or failed the request; the caller sees the message."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +60,8 @@ def result_of(outcome: lifecycle.Finish) -> tuple[Any, str]:
             "completion_tokens": outcome.completion_tokens,
             "finish_reason": outcome.finish_reason,
         }, states.SUCCESS
-    return GenerationError(outcome.error), states.FAILURE
+    failure = FAILURES.get(outcome.error_code, GenerationError)
+    return failure(outcome.error), states.FAILURE
 
 
 class Recorder:

@@ -28,13 +28,15 @@ class Outcome:
 def _outcome(meta: dict[str, Any]) -> Outcome:
     if meta["status"] == states.SUCCESS:
         return Outcome(states.SUCCESS, meta["result"])
-    info = meta.get("result") or {}
+    info = meta.get("result")
+    if isinstance(info, BaseException):  # the backend rebuilt the exception the worker stored
+        return Outcome(meta["status"], None, type(info).__name__, " ".join(map(str, info.args)))
     if isinstance(info, dict):
         message = info.get("exc_message")
         if isinstance(message, list | tuple):
             message = " ".join(str(m) for m in message)
         return Outcome(meta["status"], None, str(info.get("exc_type", "")), str(message or ""))
-    return Outcome(meta["status"], None, "", str(info))
+    return Outcome(meta["status"], None, "", str(info or ""))
 
 
 _local = threading.local()

@@ -22,6 +22,7 @@ from llmqueue.errors import (
     RequestExpired,
     WaitTimeout,
     error_response,
+    failure_error,
 )
 from llmqueue.models import PromptRequest
 from llmqueue.responses import completion_body, models_body, request_body
@@ -75,7 +76,7 @@ def _respond_with_outcome(
             f"Request {row.id} expired: its deadline passed before an engine took it.",
             headers=headers,
         )
-    raise GenerationFailed(f"Generation failed: {outcome.error_message}", headers=headers)
+    raise failure_error(outcome.error_type, outcome.error_message, headers)
 
 
 def _serve_prompt(

@@ -58,3 +58,15 @@ def test_openai_sdk_completions_chat_models_and_errors(
     with pytest.raises(openai.AuthenticationError):
         bad_key.completions.create(model="tiny-llama", prompt="x", max_tokens=2)
     assert PromptRequest.objects.count() == 2  # none of the rejected calls was stored
+
+    # The API's byte estimate lets this prompt through; the engine's tokenizer counts it over
+    # the 2048-token context: the caller still gets 413, and the row says why it failed.
+    words = " ".join(f"w{i}" for i in range(1400))
+    with pytest.raises(openai.APIStatusError) as too_long:
+        client.completions.create(model="tiny-llama", prompt=words, max_tokens=4)
+    assert too_long.value.status_code == 413
+    assert too_long.value.code == "context_length_exceeded"
+    assert "maximum context length is 2048 tokens" in too_long.value.message
+    row = PromptRequest.objects.order_by("-enqueued_at").first()
+    assert row is not None and (row.status, row.attempts) == ("failed", 1)
+    assert "maximum context length is 2048 tokens" in row.error

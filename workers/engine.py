@@ -39,7 +39,11 @@ class GenerationResult:
 
 
 class EngineError(Exception):
-    """The engine rejected a request (e.g. prompt longer than the model's context)."""
+    """The engine rejected a request as invalid: the request's fault, not the engine's."""
+
+
+class PromptTooLong(EngineError):
+    """The prompt (with max_tokens) does not fit the model's context."""
 
 
 class Engine(Protocol):

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.batching import ContinuousEngine
-from workers.engine import EngineError, GenerationRequest, GenerationResult
+from workers.engine import EngineError, GenerationRequest, GenerationResult, PromptTooLong
+
+# How vLLM words a prompt that does not fit (its input processor, and its client-side check).
+_TOO_LONG = ("maximum context length", "longer than the maximum model length")
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,10 @@ class VllmEngine(ContinuousEngine):
                 request.request_id, prompt, sampling_params(request), priority=request.priority
             )
         except (ValueError, VLLMClientError) as exc:  # the request's fault: prompt too long, ...
-            raise EngineError(str(exc)) from exc
+            message = str(exc)
+            if any(marker in message for marker in _TOO_LONG):
+                raise PromptTooLong(message) from exc
+            raise EngineError(message) from exc
 
     def _has_work(self) -> bool:
         return bool(self._engine.has_unfinished_requests())

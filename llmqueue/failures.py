@@ -1,0 +1,31 @@
+"""Why a request failed, as the worker records and publishes it and the API answers it.
+
+The result backend carries an exception's type name and message; the API maps the name back to
+an HTTP status (llmqueue/views.py), so the caller learns whether to fix the request or retry.
+"""
+
+from __future__ import annotations
+
+
+class GenerationError(Exception):
+    """The engine failed the request (not the request's fault): 500."""
+
+    code = "generation_failed"
+
+
+class RequestRejected(GenerationError):
+    """The engine refused the request as invalid (the caller's fault): 400."""
+
+    code = "invalid_request"
+
+
+class ContextLengthExceeded(RequestRejected):
+    """The prompt (with max_tokens) does not fit the model's context, counted exactly by the
+    engine's tokenizer where the API could only estimate: 413."""
+
+    code = "context_length_exceeded"
+
+
+FAILURES: dict[str, type[GenerationError]] = {
+    cls.code: cls for cls in (GenerationError, RequestRejected, ContextLengthExceeded)
+}

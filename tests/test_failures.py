@@ -1,0 +1,72 @@
+"""How a failed generation is classified on the worker and answered by the API."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import Future
+
+from llmqueue import lifecycle
+from llmqueue.errors import BadRequest, GenerationFailed, PromptTooLarge, failure_error
+from llmqueue.execution import outcome_of
+from llmqueue.failures import ContextLengthExceeded, GenerationError, RequestRejected
+from llmqueue.recorder import result_of
+from workers.engine import EngineError, GenerationResult, PromptTooLong
+
+RID = uuid.UUID(int=7)
+
+
+def failed_with(exc: BaseException) -> lifecycle.Finish:
+    future: Future[GenerationResult] = Future()
+    future.set_exception(exc)
+    return outcome_of(RID, 2, future)
+
+
+def test_engine_rejections_and_failures_are_recorded_with_their_kind():
+    too_long = failed_with(PromptTooLong("maximum context length is 2048 tokens"))
+    assert (too_long.succeeded, too_long.attempt) == (False, 2)
+    assert (too_long.error_code, too_long.error) == (
+        "context_length_exceeded",
+        "maximum context length is 2048 tokens",
+    )
+    assert failed_with(EngineError("bad stop")).error_code == "invalid_request"
+    crashed = failed_with(RuntimeError("engine closed"))
+    assert crashed.error_code == "generation_failed"
+    assert crashed.error == "engine failure: RuntimeError: engine closed"
+
+
+def test_published_failure_carries_its_kind_as_the_exception_type():
+    for code, kind in (
+        ("context_length_exceeded", ContextLengthExceeded),
+        ("invalid_request", RequestRejected),
+        ("generation_failed", GenerationError),
+        ("", GenerationError),  # rows recorded before kinds existed
+    ):
+        exc, state = result_of(lifecycle.Finish(RID, 1, False, error="why", error_code=code))
+        assert (type(exc), exc.args, state) == (kind, ("why",), "FAILURE")
+
+
+def test_api_answers_the_requests_fault_with_4xx_and_the_engines_with_500():
+    headers = {"X-LLMQueue-Request-Id": str(RID)}
+    too_long = failure_error("ContextLengthExceeded", "too long", headers)
+    assert (type(too_long), too_long.status, too_long.code) == (
+        PromptTooLarge, 413, "context_length_exceeded",
+    )  # fmt: skip
+    rejected = failure_error("RequestRejected", "bad stop", headers)
+    assert (type(rejected), rejected.status, rejected.code) == (BadRequest, 400, "invalid_request")
+    crashed = failure_error("GenerationError", "engine closed", headers)
+    assert (type(crashed), crashed.status, crashed.message) == (
+        GenerationFailed, 500, "Generation failed: engine closed",
+    )  # fmt: skip
+    assert crashed.headers == headers
+
+
+def test_a_published_failure_reaches_the_waiting_api_with_its_kind(clean_redis):
+    from celery import states
+
+    from llmqueue.results import Outcome, wait_for_outcome
+    from project.celery import app
+
+    app.backend.store_many([("f-1", ContextLengthExceeded("2049 > 2048 tokens"), states.FAILURE)])
+    assert wait_for_outcome("f-1", 5) == Outcome(
+        states.FAILURE, None, "ContextLengthExceeded", "2049 > 2048 tokens"
+    )
