@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
 
@@ -49,3 +50,10 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+def install() -> None:
+    """Make `redis://` broker URLs use this transport in this process. Registered under kombu's
+    own scheme, not a new one, so URLs keep saying `redis://` everywhere they are shown or
+    parsed again (Flower picks its queue-length reader by the broker URL's scheme)."""
+    TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"

@@ -31,6 +31,12 @@ def pool_queues(pool: str) -> list[str]:
     return [queue_name(pool, name) for name in Tier.objects.values_list("name", flat=True)]
 
 
+def all_queues() -> list[str]:
+    """Every (pool, tier) queue callers can reach now: each pool of an enabled model, each tier."""
+    pools = ServedModel.objects.filter(is_enabled=True).values_list("pool", flat=True)
+    return [q for pool in sorted(set(pools)) for q in pool_queues(pool)]
+
+
 def _load_route(name: str) -> ModelRoute | None:
     model = ServedModel.objects.filter(name=name, is_enabled=True).first()
     if model is None:

@@ -98,8 +98,6 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 # --- Celery (read by project/celery.py with namespace CELERY) --------------------------------
 CELERY_BROKER_URL = REDIS_URL
-# kombu's Redis transport without a client object built per command (llmqueue/broker.py).
-CELERY_BROKER_TRANSPORT = "llmqueue.broker:Transport"
 # Celery's Redis backend without its read-before-write (llmqueue/result_backend.py).
 CELERY_RESULT_BACKEND = f"llmqueue.result_backend:LeanRedisBackend+{REDIS_URL}"
 # Said outright: Celery otherwise looks the timezone up through every settings layer again for
