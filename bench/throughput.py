@@ -1,7 +1,7 @@
 """Throughput through the queue vs. vLLM alone: the same N prompts, same engine config, one run.
 
     .venv/bin/python -m bench.throughput [--prompts 300 --max-tokens 128 --max-num-seqs 64]
-                                         [--rounds 3] [--chunks 8,1] [--engine-core thread]
+                                         [--rounds 5] [--chunks 8,1] [--engine-core thread]
 
 (a) direct: `LLM.generate` over the N prompts in a child process (vLLM's offline batch API: the
 upper bound). (b) stack: the same N prompts submitted as one bulk job with llmqueue's own
@@ -298,7 +298,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--slots", type=int, default=0, help="worker task slots (0: 2×max-num-seqs)"
     )
     parser.add_argument(
-        "--rounds", type=int, default=3, help="interleaved direct/stack rounds (medians kept)"
+        "--rounds", type=int, default=5, help="interleaved direct/stack rounds (medians kept)"
     )
     parser.add_argument(
         "--engine-core",

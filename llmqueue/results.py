@@ -64,7 +64,22 @@ def wait_for_outcome(request_id: str, timeout_seconds: float) -> Outcome | None:
 
     Subscribes to the backend's per-task channel (Celery's Redis backend publishes every stored
     state there) before reading the key, so a result stored in between is not missed.
+
+    A kept connection whose server went away (Redis restarted since the thread's last wait)
+    fails only once it is used: the wait then starts over once on a fresh connection, within
+    the same time budget; subscribing again before reading the key again misses nothing.
     """
+    deadline = time.monotonic() + timeout_seconds
+    kept = getattr(_local, "pubsub", None) is not None
+    try:
+        return _wait(request_id, deadline)
+    except redis.ConnectionError:
+        if not kept:
+            raise
+        return _wait(request_id, deadline)
+
+
+def _wait(request_id: str, deadline: float) -> Outcome | None:
     backend = app.backend
     key = backend.get_key_for_task(request_id)
     channel = key.decode() if isinstance(key, bytes) else key
@@ -74,7 +89,6 @@ def wait_for_outcome(request_id: str, timeout_seconds: float) -> Outcome | None:
     try:
         pubsub.subscribe(channel)
         raw = client.get(channel)
-        deadline = time.monotonic() + timeout_seconds
         while True:
             if raw is not None:
                 meta = backend.decode_result(raw)

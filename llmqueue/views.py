@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from celery import states
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -20,6 +21,7 @@ from llmqueue.errors import (
     MethodNotAllowed,
     NotFound,
     RequestExpired,
+    Unavailable,
     WaitTimeout,
     error_response,
     failure_error,
@@ -89,7 +91,15 @@ def _serve_prompt(
     row = submit_prompt(caller, route, spec)
     if spec.background:
         return JsonResponse(request_body(row), status=202, headers={REQUEST_ID_HEADER: str(row.id)})
-    outcome = wait_for_outcome(str(row.id), caller.max_wait_seconds)
+    try:
+        outcome = wait_for_outcome(str(row.id), caller.max_wait_seconds)
+    except redis.RedisError as exc:  # the request is queued: say which, so it can be polled
+        raise Unavailable(
+            f"Lost the queue while waiting for request {row.id}; it stays queued: "
+            f"poll GET /v1/requests/{row.id}.",
+            retry_after_seconds=5,
+            headers={REQUEST_ID_HEADER: str(row.id)},
+        ) from exc
     return _respond_with_outcome(row, outcome, caller.max_wait_seconds)
 
 

@@ -1,0 +1,307 @@
+"""Redis faults under a running API and workers: the broker down at publish, a restart with AOF."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from django.conf import settings
+
+from llmqueue import liveness
+from llmqueue.embedded_redis import redis_answers, server_argv, server_binary
+from llmqueue.models import PromptRequest
+from tests.conftest import REPO, SIMULATED, Seeded, queued_messages, subprocess_env, wait_until
+from tests.test_redelivery import count_published_results
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = PromptRequest.Status
+
+FAST_WORKER = (*SIMULATED, "--sim-time-scale", "0")
+# One slot, one sequence: the worker holds exactly one message. 32 decode steps of ≥7.4 ms × 50
+# take ~12 s, so it is surely still generating when it is killed.
+SLOW_WORKER = (*SIMULATED[:-1], "1", "--slots", "1", "--sim-time-scale", "50")
+MAX_TOKENS = 32
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def alive(process: subprocess.Popen[bytes], name: str) -> bool:
+    if process.poll() is not None:
+        raise AssertionError(f"{name} exited with status {process.returncode}")
+    return True
+
+
+@dataclass
+class Stack:
+    """This test's own Redis server, API and workers. Each child leads its own process group, so
+    `stop_all` reaches exactly what the test started (granian's worker process included)."""
+
+    tmp: Path
+    redis_port: int = field(default_factory=free_port)
+    api_port: int = field(default_factory=free_port)
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def env(self) -> dict[str, str]:
+        return {**subprocess_env(), "REDIS_URL": self.redis_url}
+
+    def spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(argv, process_group=0, **kwargs)
+        self.started.append(process)
+        return process
+
+    def start_redis(self, *extra: str) -> subprocess.Popen[bytes]:
+        """A server on this test's port and data dir; the same dir across restarts, as the
+        demo's embedded server keeps it. `--save ""`: only the AOF carries data over."""
+        data_dir = self.tmp / "redis"
+        data_dir.mkdir(exist_ok=True)
+        argv = [*server_argv(server_binary(), self.redis_port, data_dir), "--save", "", *extra]
+        process = self.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(
+            lambda: alive(process, "redis") and redis_answers(self.redis_url),
+            15,
+            f"redis on port {self.redis_port}",
+        )
+        return process
+
+    def start_api(self, key: str) -> subprocess.Popen[bytes]:
+        # One thread: every call reuses the Redis connections the previous call kept.
+        argv = [
+            sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1",
+            "--port", str(self.api_port), "--workers", "1", "--blocking-threads", "1",
+            "--no-ws", "--log-level", "warning", "project.wsgi:application",
+        ]  # fmt: skip
+        process = self.spawn(argv, cwd=REPO, env=self.env())
+
+        def ready() -> bool:
+            alive(process, "API")
+            try:
+                return get(self, "/v1/models", key).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(ready, 30, "the API")
+        return process
+
+    def start_worker(self, client: redis.Redis, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+        node = f"default-faults-{uuid.uuid4().hex[:6]}@localhost"
+        argv = [sys.executable, "-m", "workers.serve", "--pool", "default", "--node-name", node]
+        process = self.spawn([*argv, *args], cwd=REPO, env=self.env())
+
+        def ready() -> bool:
+            alive(process, "worker")
+            stale = settings.LLMQUEUE_WORKER_STALE_SECONDS
+            return node in liveness.live_workers(client, "default", stale)
+
+        wait_until(ready, 60, f"worker {node}")
+        return process, node
+
+    def stop_all(self) -> None:
+        for process in reversed(self.started):
+            # The group may outlive its leader (granian's worker), or be gone already.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture
+def stack(transactional_db: None, tmp_path: Path) -> Iterator[Stack]:
+    started = Stack(tmp_path)
+    try:
+        yield started
+    finally:
+        # Before transactional_db flushes the tables the children still use.
+        started.stop_all()
+
+
+def post(stack: Stack, key: str, background: bool = False, **body: Any) -> httpx.Response:
+    body = {"model": "sim", "prompt": "hello", "max_tokens": 5, **body}
+    if background:
+        body["background"] = True
+    headers = {"Authorization": f"Bearer {key}"}
+    # A bound on the call should the broker hang instead of refusing the connection.
+    return httpx.post(f"{stack.api_url}/v1/completions", json=body, headers=headers, timeout=30)
+
+
+def get(stack: Stack, path: str, key: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.get(f"{stack.api_url}{path}", headers=headers, timeout=10)
+
+
+def kill(process: subprocess.Popen[bytes], sig: int) -> int:
+    process.send_signal(sig)
+    return process.wait(timeout=30)
+
+
+def unacked_task_ids(client: redis.Redis) -> list[str]:
+    # kombu keeps [raw message, exchange, routing key] per delivery tag.
+    return [json.loads(raw)[0]["headers"]["id"] for raw in client.hvals("unacked")]
+
+
+def test_broker_down_at_publish_answers_503_and_fails_the_row(seeded: Seeded, stack: Stack):
+    first_server = stack.start_redis()
+    client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
+    stack.start_api(seeded.key)
+    worker, _ = stack.start_worker(client, *FAST_WORKER)
+    # A round trip first, so the API holds pooled connections to the server that then dies.
+    before = post(stack, seeded.key)
+    assert before.status_code == 200, before.text
+    assert kill(worker, signal.SIGTERM) == 0
+
+    assert kill(first_server, signal.SIGKILL) == -signal.SIGKILL
+    assert not redis_answers(stack.redis_url)
+    refused = post(stack, seeded.key)
+
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["Retry-After"] == "5"
+    assert refused.json() == {
+        "error": {
+            "message": "The queue is unavailable; retry shortly.",
+            "type": "server_error",
+            "code": "unavailable",
+        }
+    }
+    row = PromptRequest.objects.exclude(pk=before.headers["X-LLMQueue-Request-Id"]).get()
+    assert row.status == S.FAILED
+    assert row.error.startswith("not enqueued: broker unavailable (")
+    assert f"127.0.0.1:{stack.redis_port}" in row.error
+    assert (row.attempts, row.started_at) == (0, None)
+    assert row.finished_at is not None
+    # The status endpoint reads the DB: the failure is visible while Redis is still down.
+    status = get(stack, f"/v1/requests/{row.id}", seeded.key)
+    assert (status.status_code, status.json()["status"]) == (200, "failed")
+
+    second_server = stack.start_redis()
+    assert second_server.pid != first_server.pid
+    # The same API process, no restart: its clients reconnect to the new server.
+    queued = post(stack, seeded.key, background=True)
+    assert queued.status_code == 202, queued.text
+    assert queued.json()["status"] == "queued"
+    stack.start_worker(client, *FAST_WORKER)
+    after = post(stack, seeded.key)
+    assert after.status_code == 200, after.text
+    assert after.json()["choices"][0]["text"] == " lorem ipsum dolor sit amet"
+
+    def background_done() -> bool:
+        return PromptRequest.objects.get(pk=queued.json()["id"]).status == S.SUCCEEDED
+
+    wait_until(background_done, 20, "the background request")
+    statuses = Counter(PromptRequest.objects.values_list("status", flat=True))
+    assert statuses == {S.SUCCEEDED: 3, S.FAILED: 1}
+    assert queued_messages(client) == 0
+
+
+def test_queued_and_unacked_messages_survive_a_redis_restart_with_aof(seeded: Seeded, stack: Stack):
+    # server_argv turns the AOF on; every write reaches the disk before it is answered.
+    aof = ("--appendfsync", "always")
+    first_server = stack.start_redis(*aof)
+    client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
+    # The batch tier (600 s deadline): nothing expires while Redis is away.
+    stack.start_api(seeded.other_key)
+    ids = []
+    for i in range(5):
+        response = post(
+            stack, seeded.other_key, background=True, prompt=f"p{i}", max_tokens=MAX_TOKENS
+        )
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+    assert client.llen("default.batch") == 5
+
+    doomed, _ = stack.start_worker(client, *SLOW_WORKER)
+
+    def holding() -> bool:
+        return PromptRequest.objects.filter(status=S.RUNNING).count() == 1
+
+    wait_until(holding, 30, "the slow worker to claim a request")
+    assert kill(doomed, signal.SIGKILL) == -signal.SIGKILL
+    held = PromptRequest.objects.get(status=S.RUNNING)
+    assert (str(held.id), held.attempts) == (ids[0], 1)  # the oldest message is fetched first
+    assert unacked_task_ids(client) == [ids[0]]
+    assert client.llen("default.batch") == 4
+
+    # SIGTERM: the server finishes its AOF and exits; a new process loads it from the same dir.
+    assert kill(first_server, signal.SIGTERM) == 0
+    assert not redis_answers(stack.redis_url)
+    second_server = stack.start_redis(*aof)
+    assert second_server.pid != first_server.pid
+    assert client.llen("default.batch") == 4
+    assert unacked_task_ids(client) == [ids[0]]
+
+    published: Counter[str] = Counter()
+    stop = threading.Event()
+    listener = threading.Thread(
+        target=count_published_results, args=(client, published, stop), daemon=True
+    )
+    listener.start()
+    _, rescuer = stack.start_worker(client, *FAST_WORKER)
+
+    def all_done() -> bool:
+        return PromptRequest.objects.filter(status=S.SUCCEEDED).count() == 5
+
+    # The held message comes back once it is older than the visibility timeout (8 s in tests).
+    wait_until(all_done, 40, "every request to succeed after the restart")
+    wait_until(lambda: queued_messages(client) == 0, 10, "every message to be acked")
+    stop.set()
+    listener.join(timeout=5)
+
+    rows = {str(r.id): r for r in PromptRequest.objects.all()}
+    assert sorted(rows) == sorted(ids)
+    for request_id in ids:
+        row = rows[request_id]
+        assert (row.status, row.worker, row.completion_tokens) == (S.SUCCEEDED, rescuer, MAX_TOKENS)
+        # The killed worker's claim counts as an attempt; the rest ran once.
+        assert row.attempts == (2 if request_id == ids[0] else 1)
+        assert published[f"{request_id}:SUCCESS"] == 1
+    assert sum(published.values()) == 5
+    assert client.hlen("unacked") == 0
+    assert client.zcard("unacked_index") == 0
+
+
+def test_broker_lost_while_a_call_waits_answers_503_naming_the_queued_request(
+    seeded: Seeded, stack: Stack
+):
+    server = stack.start_redis()
+    client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
+    stack.start_api(seeded.key)
+    answer: list[httpx.Response] = []
+    # No worker: the call waits on the result channel when the server dies under it.
+    waiting = threading.Thread(target=lambda: answer.append(post(stack, seeded.key)))
+    waiting.start()
+    wait_until(lambda: client.llen("default.interactive") == 1, 10, "the published message")
+    assert kill(server, signal.SIGKILL) == -signal.SIGKILL
+    waiting.join(timeout=30)
+
+    (lost,) = answer
+    row = PromptRequest.objects.get()
+    assert lost.status_code == 503, lost.text
+    assert lost.headers["X-LLMQueue-Request-Id"] == str(row.id)
+    assert lost.headers["Retry-After"] == "5"
+    assert lost.json()["error"]["code"] == "unavailable"
+    assert f"poll GET /v1/requests/{row.id}" in lost.json()["error"]["message"]
+    assert (row.status, row.attempts) == (S.QUEUED, 0)  # published: it waits for a worker
