@@ -115,9 +115,16 @@ def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUI
     return claims
 
 
-_FINISH_COLUMNS = (
-    "status", "output_text", "prompt_tokens", "completion_tokens", "finish_reason", "error",
-)  # fmt: skip
+# column → its value's placeholder. PostgreSQL types a CASE by its branches: integer columns say
+# so, or a batch whose values are all NULL (failures have no token counts) reads as text.
+_FINISH_COLUMNS = {
+    "status": "%s",
+    "output_text": "%s",
+    "prompt_tokens": "CAST(%s AS INTEGER)",
+    "completion_tokens": "CAST(%s AS INTEGER)",
+    "finish_reason": "%s",
+    "error": "%s",
+}
 # Outcomes per UPDATE: 14 parameters each stays far below SQLite's and PostgreSQL's limits.
 _FINISH_BATCH = 200
 
@@ -134,8 +141,10 @@ def _finish_batch(outcomes: Sequence[Finish], now: datetime) -> set[uuid.UUID]:
     only rows still running under the outcome's own attempt are touched."""
     ids = _db_ids([o.request_id for o in outcomes])
     values = [_finish_values(o) for o in outcomes]
-    whens = " ".join("WHEN %s THEN %s" for _ in outcomes)
-    sets = ", ".join(f"{column} = CASE id {whens} END" for column in _FINISH_COLUMNS)
+    sets = ", ".join(
+        f"{column} = CASE id {' '.join(f'WHEN %s THEN {value}' for _ in outcomes)} END"
+        for column, value in _FINISH_COLUMNS.items()
+    )
     matches = " OR ".join("(id = %s AND attempts = %s)" for _ in outcomes)
     params: list[object] = []
     for column_index in range(len(_FINISH_COLUMNS)):
