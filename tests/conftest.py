@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -113,6 +115,34 @@ class Worker:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def settle(
+    client: redis.Redis,
+    succeeded: int,
+    timeout: float,
+    stop: threading.Event,
+    listener: threading.Thread,
+) -> None:
+    """Wait until `succeeded` rows succeeded and every message was acked, then stop the thread
+    counting published results."""
+
+    def all_done() -> bool:
+        return (
+            PromptRequest.objects.filter(status=PromptRequest.Status.SUCCEEDED).count() == succeeded
+        )
+
+    wait_until(all_done, timeout, f"{succeeded} requests to succeed")
+    wait_until(lambda: queued_messages(client) == 0, 10, "every message to be acked")
+    stop.set()
+    listener.join(timeout=5)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -13,14 +13,9 @@ import pytest
 from django.conf import settings
 
 from llmqueue.demo import PROMPT_COUNT
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def listening(port: int) -> bool:

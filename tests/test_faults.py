@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +24,16 @@ from django.conf import settings
 from llmqueue import liveness
 from llmqueue.embedded_redis import redis_answers, server_argv, server_binary
 from llmqueue.models import PromptRequest
-from tests.conftest import REPO, SIMULATED, Seeded, queued_messages, subprocess_env, wait_until
+from tests.conftest import (
+    REPO,
+    SIMULATED,
+    Seeded,
+    free_port,
+    queued_messages,
+    settle,
+    subprocess_env,
+    wait_until,
+)
 from tests.test_redelivery import count_published_results
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,12 +44,6 @@ FAST_WORKER = (*SIMULATED, "--sim-time-scale", "0")
 # take ~12 s, so it is surely still generating when it is killed.
 SLOW_WORKER = (*SIMULATED[:-1], "1", "--slots", "1", "--sim-time-scale", "50")
 MAX_TOKENS = 32
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def alive(process: subprocess.Popen[bytes], name: str) -> bool:
@@ -261,14 +263,8 @@ def test_queued_and_unacked_messages_survive_a_redis_restart_with_aof(seeded: Se
     listener.start()
     _, rescuer = stack.start_worker(client, *FAST_WORKER)
 
-    def all_done() -> bool:
-        return PromptRequest.objects.filter(status=S.SUCCEEDED).count() == 5
-
     # The held message comes back once it is older than the visibility timeout (8 s in tests).
-    wait_until(all_done, 40, "every request to succeed after the restart")
-    wait_until(lambda: queued_messages(client) == 0, 10, "every message to be acked")
-    stop.set()
-    listener.join(timeout=5)
+    settle(client, 5, 40, stop, listener)
 
     rows = {str(r.id): r for r in PromptRequest.objects.all()}
     assert sorted(rows) == sorted(ids)

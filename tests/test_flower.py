@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
@@ -13,15 +12,9 @@ from llmqueue.auth import caller_for_key
 from llmqueue.routing import all_queues, resolve_model
 from llmqueue.submission import submit_prompts
 from llmqueue.validation import PromptSpec
-from tests.conftest import REPO, Seeded, subprocess_env, wait_until
+from tests.conftest import REPO, Seeded, free_port, subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_every_pool_and_tier_queue_is_declared(seeded: Seeded):

@@ -15,7 +15,7 @@ from llmqueue.models import PromptRequest
 from llmqueue.routing import resolve_model
 from llmqueue.submission import submit_prompt
 from llmqueue.validation import PromptSpec
-from tests.conftest import SIMULATED, Seeded, WorkerFactory, queued_messages, wait_until
+from tests.conftest import SIMULATED, Seeded, WorkerFactory, settle, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = PromptRequest.Status
@@ -73,13 +73,7 @@ def test_sigkilled_worker_requests_complete_once_on_another_worker(
 
     rescuer = start_worker("default", *SLOW_WORKER)
 
-    def all_done() -> bool:
-        return PromptRequest.objects.filter(status=S.SUCCEEDED).count() == 12
-
-    wait_until(all_done, 90, "every request to succeed on the second worker")
-    wait_until(lambda: queued_messages(clean_redis) == 0, 10, "every message to be acked")
-    stop.set()
-    listener.join(timeout=5)
+    settle(clean_redis, 12, 90, stop, listener)
 
     rows = {str(r.id): r for r in PromptRequest.objects.all()}
     for request_id in ids:
