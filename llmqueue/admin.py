@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from llmqueue.apikeys import assign_new_secret
-from llmqueue.models import ApiKey, PromptRequest, ServedModel, Tenant, Tier
+from llmqueue.models import ApiKey, PromptRequest, ServedModel, Tenant, TenantUsage, Tier
 
 
 @admin.register(Tier)
@@ -21,9 +21,14 @@ class TierAdmin(admin.ModelAdmin):
         "weight",
         "max_wait_seconds",
         "max_queue_depth",
+        "max_engine_share",
         "default_max_tokens",
+        "first_token_target_seconds",
+        "completion_target_seconds",
     )
-    list_editable = ("priority", "weight", "max_wait_seconds", "max_queue_depth")
+    list_editable = (
+        "priority", "weight", "max_wait_seconds", "max_queue_depth", "max_engine_share",
+    )  # fmt: skip
     search_fields = ("name",)
 
 
@@ -49,6 +54,7 @@ class TenantAdmin(admin.ModelAdmin):
         "burst",
         "tokens_per_minute",
         "max_tokens_per_request",
+        "max_tier_share",
     )
     list_filter = ("tier", "is_active")
     list_editable = ("is_active",)
@@ -111,3 +117,19 @@ class PromptRequestAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # requests come in through the API
+
+
+@admin.register(TenantUsage)
+class TenantUsageAdmin(admin.ModelAdmin):
+    list_display = (
+        "hour", "tenant", "tier", "admitted", "succeeded", "failed", "expired",
+        "rejected_rate", "rejected_tokens", "rejected_tenant_share", "rejected_queue_full",
+        "rejected_no_worker", "rejected_too_slow", "prompt_tokens", "completion_tokens",
+    )  # fmt: skip
+    list_filter = ("tier", "tenant")
+    date_hierarchy = "hour"
+    list_select_related = ("tenant", "tier")
+    readonly_fields = [f.name for f in TenantUsage._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # counted by admission and the workers

@@ -5,26 +5,32 @@ from __future__ import annotations
 from llmqueue.apikeys import create_api_key
 from llmqueue.models import ServedModel, Tenant, Tier
 
-# name → (priority, weight, max_wait_seconds, default_max_tokens)
-DEFAULT_TIERS: dict[str, tuple[int, int, int, int]] = {
-    "interactive": (0, 8, 30, 256),
-    "batch": (6, 1, 600, 256),
+# The two tiers every install starts with; operators edit them (or add more) in the admin.
+DEFAULT_TIERS: dict[str, dict[str, object]] = {
+    "interactive": {
+        "priority": 0,
+        "weight": 8,
+        "max_wait_seconds": 30,
+        "default_max_tokens": 256,
+        "first_token_target_seconds": 1.0,
+    },
+    "batch": {
+        "priority": 6,
+        "weight": 1,
+        "max_wait_seconds": 600,
+        "default_max_tokens": 256,
+        # A quarter of every engine stays free for interactive requests.
+        "max_engine_share": 0.75,
+        "completion_target_seconds": 600.0,
+    },
 }
 
 
 def ensure_default_tiers() -> dict[str, Tier]:
-    tiers = {}
-    for name, (priority, weight, max_wait, max_tokens) in DEFAULT_TIERS.items():
-        tiers[name], _ = Tier.objects.get_or_create(
-            name=name,
-            defaults={
-                "priority": priority,
-                "weight": weight,
-                "max_wait_seconds": max_wait,
-                "default_max_tokens": max_tokens,
-            },
-        )
-    return tiers
+    return {
+        name: Tier.objects.get_or_create(name=name, defaults=fields)[0]
+        for name, fields in DEFAULT_TIERS.items()
+    }
 
 
 def ensure_served_model(name: str, pool: str, context_length: int, max_tokens: int) -> ServedModel:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -18,8 +19,22 @@ class Tier(models.Model):
     max_wait_seconds = models.PositiveIntegerField(
         default=60, help_text="Deadline from enqueue; also how long a blocking call waits."
     )
-    max_queue_depth = models.PositiveIntegerField(default=10_000)
+    max_queue_depth = models.PositiveIntegerField(
+        default=10_000, help_text="Requests waiting per (pool, tier) queue; beyond it: 503."
+    )
     default_max_tokens = models.PositiveIntegerField(default=256)
+    max_engine_share = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.01), MaxValueValidator(1.0)],
+        help_text="Share of each engine's sequences this tier may hold at once; the rest stays "
+        "free for more urgent tiers (e.g. batch 0.75: a quarter is interactive headroom).",
+    )
+    first_token_target_seconds = models.FloatField(
+        null=True, blank=True, help_text="SLO: seconds from enqueue to the first token."
+    )
+    completion_target_seconds = models.FloatField(
+        null=True, blank=True, help_text="SLO: seconds from enqueue to the last token."
+    )
 
     class Meta:
         ordering = ["priority", "name"]
@@ -38,6 +53,11 @@ class Tenant(models.Model):
     burst = models.PositiveIntegerField(default=20, help_text="Requests allowed at once.")
     tokens_per_minute = models.PositiveIntegerField(default=1_000_000)
     max_tokens_per_request = models.PositiveIntegerField(default=4096)
+    max_tier_share = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.01), MaxValueValidator(1.0)],
+        help_text="Share of its tier's queue depth this tenant's waiting requests may fill.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -118,6 +138,10 @@ class PromptRequest(models.Model):
     deadline_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    reserved_tokens = models.PositiveIntegerField(
+        default=0, help_text="Tokens held against the tenant's tokens per minute at admission."
+    )
+    first_token_at = models.DateTimeField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_text = models.TextField(blank=True)
@@ -130,3 +154,37 @@ class PromptRequest(models.Model):
 
     def __str__(self) -> str:
         return str(self.id)
+
+
+class TenantUsage(models.Model):
+    """One hour of a tenant's traffic on one tier: what admission and the workers counted."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
+    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="usage")
+    hour = models.DateTimeField(help_text="Start of the hour (UTC).")
+    admitted = models.PositiveBigIntegerField(default=0)
+    rejected_rate = models.PositiveBigIntegerField(default=0, help_text="429: requests/s.")
+    rejected_tokens = models.PositiveBigIntegerField(default=0, help_text="429: tokens/min.")
+    rejected_tenant_share = models.PositiveBigIntegerField(
+        default=0, help_text="503: the tenant's share of the tier's queue was full."
+    )
+    rejected_queue_full = models.PositiveBigIntegerField(default=0, help_text="503: tier full.")
+    rejected_no_worker = models.PositiveBigIntegerField(default=0, help_text="503: no worker.")
+    rejected_too_slow = models.PositiveBigIntegerField(
+        default=0, help_text="503: the estimated wait exceeded the deadline."
+    )
+    succeeded = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+    expired = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-hour", "tenant__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tier", "hour"], name="usage_per_hour")
+        ]
+        verbose_name_plural = "tenant usage"
+
+    def __str__(self) -> str:
+        return f"{self.tenant} / {self.tier} @ {self.hour:%Y-%m-%d %H:00}"
