@@ -24,11 +24,16 @@ class Caller:
     tenant_active: bool
     key_revoked: bool
     max_tokens_per_request: int
+    requests_per_second: float
+    burst: int
+    tokens_per_minute: int
+    max_tier_share: float
     tier_id: int
     tier_name: str
     tier_priority: int
     max_wait_seconds: int
     default_max_tokens: int
+    max_queue_depth: int
 
 
 _callers: TtlCache[str, Caller | None] = TtlCache(settings.LLMQUEUE_AUTH_CACHE_SECONDS)
@@ -46,11 +51,16 @@ def _load_caller(key_hash: str) -> Caller | None:
         tenant_active=tenant.is_active,
         key_revoked=key.is_revoked,
         max_tokens_per_request=tenant.max_tokens_per_request,
+        requests_per_second=tenant.requests_per_second,
+        burst=tenant.burst,
+        tokens_per_minute=tenant.tokens_per_minute,
+        max_tier_share=tenant.max_tier_share,
         tier_id=tier.pk,
         tier_name=tier.name,
         tier_priority=tier.priority,
         max_wait_seconds=tier.max_wait_seconds,
         default_max_tokens=tier.default_max_tokens,
+        max_queue_depth=tier.max_queue_depth,
     )
 
 

@@ -21,6 +21,7 @@ class ApiError(Exception):
         message: str,
         *,
         code: str | None = None,
+        error_type: str | None = None,
         param: str | None = None,
         retry_after_seconds: float | None = None,
         headers: dict[str, str] | None = None,
@@ -29,6 +30,8 @@ class ApiError(Exception):
         self.message = message
         if code is not None:
             self.code = code
+        if error_type is not None:
+            self.type = error_type
         self.param = param
         self.retry_after_seconds = retry_after_seconds
         self.headers = headers or {}
@@ -73,10 +76,24 @@ class PromptTooLarge(ApiError):
     code = "context_length_exceeded"
 
 
+class RateLimited(ApiError):
+    """The tenant is over a rate limit; `type` names which (OpenAI: "requests" or "tokens")."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+
 class Unavailable(ApiError):
     status = 503
     type = "server_error"
     code = "unavailable"
+
+
+class Overloaded(Unavailable):
+    """Backpressure: the queue cannot take the request now (its code says why)."""
+
+    code = "queue_full"
 
 
 class GenerationFailed(ApiError):

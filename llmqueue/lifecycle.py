@@ -22,12 +22,36 @@ _TABLE = PromptRequest._meta.db_table
 
 
 @dataclass(frozen=True)
+class Ended:
+    """A request that reached its final state, with what its books need (llmqueue/accounting)."""
+
+    request_id: uuid.UUID
+    tenant_id: int
+    tier_id: int
+    queue: str
+    outcome: str  # "succeeded" | "failed" | "expired"
+    reserved_tokens: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    was_waiting: bool = False  # no worker had claimed it: it still counted as waiting
+
+
+@dataclass(frozen=True)
 class Claim:
-    """A worker's right to run a request: `attempt` numbers it; None means do not run."""
+    """A worker's right to run a request: `attempt` numbers it; None means do not run.
+    `ended` is set when the claim expired the request instead; `first` when this claim took the
+    request out of its queue's waiting requests (attempt 1)."""
 
     request_id: uuid.UUID
     attempt: int | None
     expired: bool = False
+    tenant_id: int = 0
+    queue: str = ""
+    ended: Ended | None = None
+
+    @property
+    def first(self) -> bool:
+        return self.attempt == 1
 
 
 @dataclass(frozen=True)
@@ -55,16 +79,42 @@ def _placeholders(n: int) -> str:
     return ", ".join(["%s"] * n)
 
 
-def _update_returning_ids(sql: str, params: list[object]) -> list[tuple[uuid.UUID, int]]:
+# What every transition returns of the rows it changed: their books (see Ended).
+_BOOKS = "id, attempts, tenant_id, tier_id, queue, reserved_tokens"
+
+
+@dataclass(frozen=True)
+class _Books:
+    attempts: int
+    tenant_id: int
+    tier_id: int
+    queue: str
+    reserved_tokens: int
+
+
+def _update_returning_books(sql: str, params: list[object]) -> dict[uuid.UUID, _Books]:
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [(uuid.UUID(str(row[0])), int(row[1])) for row in cursor.fetchall()]
+        cursor.execute(f"{sql} RETURNING {_BOOKS}", params)
+        return {
+            uuid.UUID(str(i)): _Books(int(attempts), int(tenant), int(tier), queue, int(reserved))
+            for i, attempts, tenant, tier, queue, reserved in cursor.fetchall()
+        }
 
 
-def expire(ids: Sequence[uuid.UUID], now: datetime, overdue_only: bool = False) -> set[uuid.UUID]:
-    """Mark unfinished requests expired (only those past their deadline if `overdue_only`)."""
+def _expired(request_id: uuid.UUID, books: _Books) -> Ended:
+    return Ended(
+        request_id, books.tenant_id, books.tier_id, books.queue, "expired",
+        books.reserved_tokens, was_waiting=books.attempts == 0,
+    )  # fmt: skip
+
+
+def expire(
+    ids: Sequence[uuid.UUID], now: datetime, overdue_only: bool = False
+) -> dict[uuid.UUID, Ended]:
+    """Mark unfinished requests expired (only those past their deadline if `overdue_only`);
+    returns the ones this call expired."""
     if not ids:
-        return set()
+        return {}
     sql = (
         f"UPDATE {_TABLE} SET status = %s, finished_at = %s, error = %s "
         f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s)"
@@ -74,7 +124,7 @@ def expire(ids: Sequence[uuid.UUID], now: datetime, overdue_only: bool = False) 
     if overdue_only:
         sql += " AND deadline_at <= %s"
         params.append(now)
-    return {i for i, _ in _update_returning_ids(sql + " RETURNING id, attempts", params)}
+    return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
 
 
 def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUID, Claim]:
@@ -101,17 +151,26 @@ def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUI
     sql = (
         f"UPDATE {_TABLE} SET {', '.join(f'{c} = {e}' for c, e in sets.items())} "
         f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s) "
-        f"RETURNING id, status, attempts"
+        f"RETURNING status, {_BOOKS}"
     )
     params += [*_db_ids(ids), S.QUEUED, S.RUNNING]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = {uuid.UUID(str(i)): (status, int(attempts)) for i, status, attempts in cursor}
+        rows = {
+            uuid.UUID(str(i)): (status, _Books(int(a), int(tenant), int(tier), queue, int(r)))
+            for status, i, a, tenant, tier, queue, r in cursor.fetchall()
+        }
     claims = {}
     for i in ids:
-        status, attempts = rows.get(i, ("", 0))
-        expired = status == S.EXPIRED
-        claims[i] = Claim(i, attempts if status == S.RUNNING else None, expired=expired)
+        if i not in rows:
+            claims[i] = Claim(i, None)
+            continue
+        status, books = rows[i]
+        if status == S.EXPIRED:
+            ended = _expired(i, books)
+            claims[i] = Claim(i, None, True, books.tenant_id, books.queue, ended)
+        else:
+            claims[i] = Claim(i, books.attempts, False, books.tenant_id, books.queue)
     return claims
 
 
@@ -136,7 +195,7 @@ def _finish_values(o: Finish) -> tuple[object, ...]:
     )  # fmt: skip
 
 
-def _finish_batch(outcomes: Sequence[Finish], now: datetime) -> set[uuid.UUID]:
+def _finish_batch(outcomes: Sequence[Finish], now: datetime) -> dict[uuid.UUID, Ended]:
     """One UPDATE for outcomes of distinct requests: each column is a CASE over the ids, and
     only rows still running under the outcome's own attempt are touched."""
     ids = _db_ids([o.request_id for o in outcomes])
@@ -153,24 +212,34 @@ def _finish_batch(outcomes: Sequence[Finish], now: datetime) -> set[uuid.UUID]:
     params += [now, S.RUNNING]
     for db_id, o in zip(ids, outcomes, strict=True):
         params += [db_id, o.attempt]
-    sql = (
-        f"UPDATE {_TABLE} SET {sets}, finished_at = %s "
-        f"WHERE status = %s AND ({matches}) RETURNING id, attempts"
-    )
-    return {i for i, _ in _update_returning_ids(sql, params)}
+    sql = f"UPDATE {_TABLE} SET {sets}, finished_at = %s WHERE status = %s AND ({matches})"
+    by_id = {o.request_id: o for o in outcomes}
+    return {
+        i: Ended(
+            i,
+            books.tenant_id,
+            books.tier_id,
+            books.queue,
+            "succeeded" if by_id[i].succeeded else "failed",
+            books.reserved_tokens,
+            by_id[i].prompt_tokens or 0,
+            by_id[i].completion_tokens or 0,
+        )
+        for i, books in _update_returning_books(sql, params).items()
+    }
 
 
-def finish(outcomes: Sequence[Finish], now: datetime) -> set[uuid.UUID]:
-    """Record outcomes; returns the ids whose attempt still held the claim (the only ones whose
-    result may be published). A worker's recorder hands a whole batch at once: a few statements
-    for dozens of requests that finished at the same engine step."""
+def finish(outcomes: Sequence[Finish], now: datetime) -> dict[uuid.UUID, Ended]:
+    """Record outcomes; returns the requests whose attempt still held the claim (the only ones
+    whose result may be published, and whose books are settled). A worker's recorder hands a
+    whole batch at once: a few statements for dozens of requests that finished at one step."""
     seen: set[uuid.UUID] = set()
     distinct: list[Finish] = []
     repeated: list[Finish] = []
     for o in outcomes:  # two attempts of one request in one batch: each needs its own statement
         (repeated if o.request_id in seen else distinct).append(o)
         seen.add(o.request_id)
-    won: set[uuid.UUID] = set()
+    won: dict[uuid.UUID, Ended] = {}
     with transaction.atomic():
         for start in range(0, len(distinct), _FINISH_BATCH):
             won |= _finish_batch(distinct[start : start + _FINISH_BATCH], now)

@@ -125,6 +125,7 @@ class PromptRequest(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="requests")
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="requests")
     model = models.CharField(max_length=200)
+    queue = models.CharField(max_length=200, blank=True, help_text="(pool, tier) broker queue.")
     kind = models.CharField(max_length=12, choices=Kind.choices)
     prompt = models.TextField(blank=True)
     messages = models.JSONField(null=True, blank=True)

@@ -6,7 +6,7 @@ command, publish retries wrapped around it all) for what is, on the Redis transp
 a JSON envelope. That was 1.7 ms of the API's 6.6 ms per request under load (measured, traced).
 So the message is built by Celery (`amqp.as_task_v2`, the protocol-2 headers and body a worker
 expects) and wrapped the way kombu's Redis channel wraps it, then pushed with a persistent client.
-tests/test_publisher.py checks the envelope against what `apply_async` puts on the list, so a
+tests/test_broker.py checks the envelope against what `apply_async` puts on the list, so a
 Celery or kombu upgrade that changes the format fails a test instead of stranding messages.
 
 What this skips: the `before_task_publish`/`after_task_publish` signals and `task-sent` events

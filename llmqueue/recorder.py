@@ -8,7 +8,10 @@ few statements instead of hundreds.
 It is also the only writer of outcomes to Celery's result backend: a finished, failed or expired
 request is committed to its row first (the source of truth), then published, all winners of a
 batch in one pipeline. Publishing here rather than from the task's thread saves the task thread
-a wake-up on every request's critical path (the generate task has `ignore_result`).
+a wake-up on every request's critical path (the generate task has `ignore_result`). The same
+round trip settles the ended requests' books (token refunds, usage: llmqueue/accounting.py) and
+counts the claims (each queue's drain rate, which admission's wait estimate reads); every few
+seconds the thread also moves usage counters into the DB.
 """
 
 from __future__ import annotations
@@ -16,18 +19,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import states
 from celery.exceptions import TaskRevokedError
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from llmqueue import lifecycle
+from llmqueue import accounting, lifecycle, usage
 from llmqueue.failures import FAILURES, GenerationError
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,34 @@ class Recorded:
 
 
 _Job = tuple[str, Any, Future[Any]]
+
+
+@dataclass
+class Books:
+    """What one batch sends to Redis in one round trip, after its rows are committed."""
+
+    results: list[tuple[str, Any, str]] = field(default_factory=list)  # for the result backend
+    ended: list[lifecycle.Ended] = field(default_factory=list)  # refunds and usage to settle
+    claims: list[lifecycle.Claim] = field(default_factory=list)  # drain rates, waiting counts
+
+    def __bool__(self) -> bool:
+        return bool(self.results or self.ended or self.claims)
+
+
+def send_books(books: Books) -> None:
+    """The worker's default publisher: results, settlements and claim counts in one pipeline."""
+    from project.celery import app
+
+    backend = app.backend
+
+    def send() -> None:
+        pipe = backend.client.pipeline(transaction=False)
+        backend.store_many(books.results, pipe)
+        accounting.settle(pipe, books.ended)
+        accounting.count_claims(pipe, books.claims)
+        pipe.execute()
+
+    backend.ensure(send, ())
 
 
 def _revoked(request_id: uuid.UUID) -> tuple[str, Any, str]:
@@ -65,9 +98,18 @@ def result_of(outcome: lifecycle.Finish) -> tuple[Any, str]:
 
 
 class Recorder:
-    def __init__(self, publish: Callable[[list[tuple[str, Any, str]]], None]) -> None:
-        """`publish(items)` stores (task id, result, state) items in the result backend."""
+    def __init__(
+        self,
+        publish: Callable[[Books], None],
+        flush_usage: Callable[[], object] | None = None,
+        flush_every_seconds: float = 10.0,
+    ) -> None:
+        """`publish(books)` sends a batch's results, settlements and claim counts to Redis;
+        `flush_usage()` runs every `flush_every_seconds` (usage counters into the DB)."""
         self._publish = publish
+        self._flush_usage = flush_usage
+        self._flush_every = flush_every_seconds
+        self._next_flush = time.monotonic() + flush_every_seconds
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="llmqueue-recorder", daemon=True)
         self._thread.start()
@@ -90,7 +132,11 @@ class Recorder:
 
     def _run(self) -> None:
         while True:
-            jobs = [self._jobs.get()]
+            try:
+                jobs = [self._jobs.get(timeout=max(0.0, self._next_flush - time.monotonic()))]
+            except queue.Empty:
+                self._flush()
+                continue
             while True:
                 try:
                     jobs.append(self._jobs.get_nowait())
@@ -104,6 +150,19 @@ class Recorder:
                 batch = [j for j in jobs if j[0] == op]
                 if batch:
                     self._apply(batch, handler)
+            if time.monotonic() >= self._next_flush:
+                self._flush()
+
+    def _flush(self) -> None:
+        self._next_flush = time.monotonic() + self._flush_every
+        if self._flush_usage is None:
+            return
+        close_old_connections()
+        try:
+            self._flush_usage()
+        except Exception:
+            log.exception("flushing usage counters failed; they stay in Redis for the next try")
+            connection.close()
 
     def _apply(self, batch: list[_Job], handler: Callable[[list[_Job]], None]) -> None:
         close_old_connections()
@@ -124,8 +183,6 @@ class Recorder:
         for worker, jobs in by_worker.items():
             ids = list(dict.fromkeys(j[1][0] for j in jobs))
             claims.update(lifecycle.claim(ids, worker, timezone.now()))
-        # The claim expired overdue requests instead of running them: publish that first.
-        self._publish_or_log([_revoked(i) for i, c in claims.items() if c.expired])
         seen: set[uuid.UUID] = set()
         for _, (request_id, _), future in batch:
             # The same id twice in one batch: a duplicate delivery; only one may run it.
@@ -134,33 +191,44 @@ class Recorder:
                 outcome = lifecycle.Claim(request_id, None)
             seen.add(request_id)
             future.set_result(outcome)
+        # After the claimed requests went on to the engine (the futures' callbacks ran): the
+        # expiries the claim made instead (REVOKED, their books), and what the claims drained.
+        expired = [c.ended for c in claims.values() if c.ended is not None]
+        self._send(Books([_revoked(e.request_id) for e in expired], expired, list(claims.values())))
 
     def _expiries(self, batch: list[_Job]) -> None:
         expired = lifecycle.expire([j[1] for j in batch], timezone.now())
-        items = [_revoked(i) for i in dict.fromkeys(j[1] for j in batch) if i in expired]
-        self._settle(batch, items, lambda job: job[1] in expired)
+        ended = list(expired.values())
+        books = Books([_revoked(e.request_id) for e in ended], ended)
+        self._settle(batch, books, lambda job: job[1] in expired)
 
     def _finishes(self, batch: list[_Job]) -> None:
         won = lifecycle.finish([j[1] for j in batch], timezone.now())
-        items = [(str(j[1].request_id), *result_of(j[1])) for j in batch if j[1].request_id in won]
-        self._settle(batch, items, lambda job: job[1].request_id in won)
+        results = [
+            (str(j[1].request_id), *result_of(j[1])) for j in batch if j[1].request_id in won
+        ]
+        self._settle(
+            batch, Books(results, list(won.values())), lambda job: job[1].request_id in won
+        )
 
-    def _settle(
-        self, batch: list[_Job], items: list[tuple[str, Any, str]], won: Callable[[_Job], bool]
-    ) -> None:
+    def _settle(self, batch: list[_Job], books: Books, won: Callable[[_Job], bool]) -> None:
         """Publish the committed outcomes, then tell each job what became of it. A publish that
         fails leaves the outcome in its row (pollable); the blocking caller then times out."""
-        published = self._publish_or_log(items)
+        published = self._send(books)
         for job in batch:
             job[2].set_result(Recorded(won(job), published and won(job)))
 
-    def _publish_or_log(self, items: list[tuple[str, Any, str]]) -> bool:
-        if not items:
+    def _send(self, books: Books) -> bool:
+        if not books:
             return True
         try:
-            self._publish(items)
+            self._publish(books)
         except Exception:
-            log.exception("publishing %d outcomes failed; their rows have them", len(items))
+            log.exception(
+                "publishing %d outcomes (%d settlements) failed; their rows have them",
+                len(books.results),
+                len(books.ended),
+            )
             return False
         return True
 
@@ -173,7 +241,5 @@ def get_recorder() -> Recorder:
     global _recorder
     with _lock:
         if _recorder is None:
-            from project.celery import app
-
-            _recorder = Recorder(app.backend.store_many)
+            _recorder = Recorder(send_books, usage.flush, settings.LLMQUEUE_USAGE_FLUSH_SECONDS)
         return _recorder

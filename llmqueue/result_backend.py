@@ -46,17 +46,26 @@ class LeanRedisBackend(RedisBackend):
         pipe.publish(key, value)
         pipe.execute()
 
-    def store_many(self, items: list[tuple[str, Any, str]]) -> None:
-        """Store and publish several (task id, result, state) at once: one round trip for a
-        batch of outcomes, each in the format and with the expiry `store_result` would give."""
-        self.ensure(self._store_many, (items,))
+    def store_many(self, items: list[tuple[str, Any, str]], pipe: Any = None) -> None:
+        """Store and publish several (task id, result, state) at once, each in the format and
+        with the expiry `store_result` would give: one round trip for a batch of outcomes. With
+        `pipe`, the commands are queued on it for the caller to execute with its own."""
+        if pipe is not None:
+            self._queue_many(pipe, items)
+            return
 
-    def _store_many(self, items: list[tuple[str, Any, str]]) -> None:
+        def send() -> None:
+            own = self.client.pipeline(transaction=False)
+            self._queue_many(own, items)
+            own.execute()
+
+        self.ensure(send, ())
+
+    def _queue_many(self, pipe: Any, items: list[tuple[str, Any, str]]) -> None:
         # The meta `_get_result_meta` builds for a request-less store (no group, parent,
         # children or extended fields), made here once per batch instead of re-reading the
         # settings for every item.
         date_done = self.app.now().isoformat()
-        pipe = self.client.pipeline(transaction=False)
         for task_id, result, state in items:
             meta = {
                 "status": state,
@@ -70,4 +79,3 @@ class LeanRedisBackend(RedisBackend):
             expires = self.failure_expires if state == states.FAILURE else self.expires
             pipe.set(key, value, ex=expires or None)
             pipe.publish(key, value)
-        pipe.execute()

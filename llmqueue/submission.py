@@ -5,14 +5,18 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+import redis
 from django.db import transaction
 from django.utils import timezone
 
+from llmqueue.accounting import settle
 from llmqueue.auth import Caller
 from llmqueue.errors import Unavailable
+from llmqueue.lifecycle import Ended
 from llmqueue.models import PromptRequest
 from llmqueue.payload import TaskPayload
 from llmqueue.publisher import TaskMessage, publish_tasks
+from llmqueue.redis_client import get_redis
 from llmqueue.routing import ModelRoute, queue_name
 from llmqueue.tasks import GENERATE_TASK
 from llmqueue.validation import PromptSpec
@@ -65,12 +69,25 @@ def mark_unpublished(rows: list[PromptRequest], error: Exception) -> None:
         finished_at=timezone.now(),
         error=f"not enqueued: broker unavailable ({error})",
     )
+    ended = [
+        Ended(row.id, row.tenant_id, row.tier_id, row.queue, "failed", row.reserved_tokens,
+              was_waiting=True)
+        for row in rows
+    ]  # fmt: skip
+    try:  # the tokens they reserved go back, and they count as failed, not as waiting
+        pipe = get_redis().pipeline(transaction=False)
+        settle(pipe, ended)
+        pipe.execute()
+    except redis.RedisError:
+        log.warning("could not settle %d unpublished requests' books", len(rows))
 
 
 def new_request(
-    caller: Caller, route: ModelRoute, spec: PromptSpec, now: datetime
+    caller: Caller, route: ModelRoute, spec: PromptSpec, now: datetime, reserved_tokens: int = 0
 ) -> PromptRequest:
     return PromptRequest(
+        reserved_tokens=reserved_tokens,
+        queue=queue_name(route.pool, caller.tier_name),
         tenant_id=caller.tenant_id,
         tier_id=caller.tier_id,
         model=route.name,
@@ -84,7 +101,11 @@ def new_request(
 
 
 def submit_prompts(
-    caller: Caller, route: ModelRoute, specs: list[PromptSpec], chunk_size: int = 1
+    caller: Caller,
+    route: ModelRoute,
+    specs: list[PromptSpec],
+    chunk_size: int = 1,
+    reserved_tokens: int = 0,
 ) -> list[PromptRequest]:
     """Store the requests as queued, in one transaction, and publish them once it committed (one
     broker round trip for all: a bulk job's prompts cost a few statements, not one per prompt).
@@ -97,7 +118,7 @@ def submit_prompts(
     as "queued" without a message.
     """
     now = timezone.now()
-    rows = [new_request(caller, route, spec, now) for spec in specs]
+    rows = [new_request(caller, route, spec, now, reserved_tokens) for spec in specs]
     committed = False
 
     def publish_committed() -> None:
@@ -120,6 +141,9 @@ def submit_prompts(
     return rows
 
 
-def submit_prompt(caller: Caller, route: ModelRoute, spec: PromptSpec) -> PromptRequest:
-    """Store one request as queued and publish it once the row is committed."""
-    return submit_prompts(caller, route, [spec])[0]
+def submit_prompt(
+    caller: Caller, route: ModelRoute, spec: PromptSpec, reserved_tokens: int = 0
+) -> PromptRequest:
+    """Store one admitted request (holding `reserved_tokens` of its tenant's tokens per minute)
+    as queued and publish it once the row is committed."""
+    return submit_prompts(caller, route, [spec], reserved_tokens=reserved_tokens)[0]

@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from llmqueue import validation
+from llmqueue.admission import admit_request
 from llmqueue.auth import Caller, authenticate
 from llmqueue.errors import (
     ApiError,
@@ -88,7 +89,8 @@ def _serve_prompt(
     body = validation.parse_json_object(request.body)
     route = resolve_model(validation.model_name(body))
     spec = parse(body, caller, route, request.headers.get(BACKGROUND_HEADER))
-    row = submit_prompt(caller, route, spec)
+    reserved = admit_request(caller, route, spec)
+    row = submit_prompt(caller, route, spec, reserved_tokens=reserved)
     if spec.background:
         return JsonResponse(request_body(row), status=202, headers={REQUEST_ID_HEADER: str(row.id)})
     try:

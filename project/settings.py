@@ -145,3 +145,11 @@ LLMQUEUE_WORKER_STALE_SECONDS = env.float("LLMQUEUE_WORKER_STALE_SECONDS", defau
 """Seconds without a beat after which a worker no longer counts as serving its pool."""
 LLMQUEUE_BYTES_PER_TOKEN = env.float("LLMQUEUE_BYTES_PER_TOKEN", default=4.0)
 """UTF-8 bytes per token assumed when the API estimates prompt length before tokenization."""
+LLMQUEUE_DRAIN_HALF_LIFE_SECONDS = env.float("LLMQUEUE_DRAIN_HALF_LIFE_SECONDS", default=10.0)
+"""Half-life in seconds of a queue's measured drain rate (claims per second, exponentially
+decayed): admission estimates a request's wait as requests ahead ÷ that rate."""
+LLMQUEUE_UNKNOWN_WAIT_RETRY_SECONDS = env.float("LLMQUEUE_UNKNOWN_WAIT_RETRY_SECONDS", default=5.0)
+"""Retry-After, in seconds, of a 503 whose wait cannot be estimated (no live worker, or a full
+queue with no drain rate measured yet)."""
+LLMQUEUE_USAGE_FLUSH_SECONDS = env.float("LLMQUEUE_USAGE_FLUSH_SECONDS", default=10.0)
+"""Seconds between a worker's moves of usage counters from Redis into TenantUsage rows."""

@@ -117,6 +117,12 @@ class Worker:
         return self.process.returncode
 
 
+def pretend_live(client: redis.Redis, pool: str) -> None:
+    """A worker beat for `pool` that stays fresh for an hour: admission then sees a live worker
+    (one busy elsewhere, say) while no process consumes the pool's queues."""
+    liveness.beat(client, pool, f"{pool}-busy@localhost", now=time.time() + 3600)
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -16,6 +16,7 @@ from tests.conftest import (
     Seeded,
     WorkerFactory,
     assert_nothing_enqueued,
+    pretend_live,
     queued_messages,
 )
 
@@ -128,7 +129,10 @@ def test_models_lists_only_models_with_a_live_worker(
     assert get(live_server, "/v1/models", seeded.key).json()["data"] == []
 
 
-def test_wait_timeout_is_504_and_request_stays_queued(live_server, seeded: Seeded):
+def test_wait_timeout_is_504_and_request_stays_queued(
+    live_server, seeded: Seeded, clean_redis: redis.Redis
+):
+    pretend_live(clean_redis, "default")  # a worker that never gets to it
     Tier.objects.filter(name="interactive").update(max_wait_seconds=1)
     response = post(
         live_server,
@@ -148,6 +152,7 @@ def test_wait_timeout_is_504_and_request_stays_queued(live_server, seeded: Seede
 def test_expired_request_is_never_generated(
     live_server, seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
 ):
+    pretend_live(clean_redis, "default")  # a worker busy elsewhere while the deadline passes
     Tier.objects.filter(name="interactive").update(max_wait_seconds=1)
     response = post(
         live_server,

@@ -26,6 +26,8 @@ def make_request(deadline_seconds: float = 60) -> PromptRequest:
         model="sim",
         kind="completion",
         prompt="hi",
+        queue="default.interactive",
+        reserved_tokens=50,
         enqueued_at=now,
         deadline_at=now + timedelta(seconds=deadline_seconds),
     )
@@ -38,9 +40,9 @@ def done(request_id: uuid.UUID, attempt: int, text: str = "out") -> lifecycle.Fi
 def test_claim_then_finish_records_the_outcome_once():
     row = make_request()
     now = timezone.now()
-    assert lifecycle.claim([row.id], "w1", now) == {row.id: lifecycle.Claim(row.id, 1)}
-    assert lifecycle.finish([done(row.id, 1)], now) == {row.id}
-    assert lifecycle.finish([done(row.id, 1, "again")], now) == set()
+    assert lifecycle.claim([row.id], "w1", now)[row.id].attempt == 1
+    assert lifecycle.finish([done(row.id, 1)], now).keys() == {row.id}
+    assert lifecycle.finish([done(row.id, 1, "again")], now) == {}
     row.refresh_from_db()
     assert (row.status, row.output_text, row.attempts, row.worker) == (S.SUCCEEDED, "out", 1, "w1")
     assert (row.prompt_tokens, row.completion_tokens, row.finish_reason) == (2, 3, "length")
@@ -53,8 +55,8 @@ def test_redelivered_running_request_is_taken_over_and_the_old_attempt_cannot_fi
     now = timezone.now()
     assert lifecycle.claim([row.id], "dead", now)[row.id].attempt == 1
     assert lifecycle.claim([row.id], "alive", now)[row.id].attempt == 2
-    assert lifecycle.finish([done(row.id, 1, "stale")], now) == set()
-    assert lifecycle.finish([done(row.id, 2, "fresh")], now) == {row.id}
+    assert lifecycle.finish([done(row.id, 1, "stale")], now) == {}
+    assert lifecycle.finish([done(row.id, 2, "fresh")], now).keys() == {row.id}
     row.refresh_from_db()
     assert (row.output_text, row.worker, row.attempts) == ("fresh", "alive", 2)
 
@@ -62,7 +64,11 @@ def test_redelivered_running_request_is_taken_over_and_the_old_attempt_cannot_fi
 def test_overdue_request_is_expired_not_claimed():
     row = make_request(deadline_seconds=-1)
     claim = lifecycle.claim([row.id], "w1", timezone.now())[row.id]
-    assert claim == lifecycle.Claim(row.id, None, expired=True)
+    # Its books go back with it: never claimed, so it counted as waiting in its queue.
+    ended = lifecycle.Ended(
+        row.id, row.tenant_id, row.tier_id, "default.interactive", "expired", 50, was_waiting=True
+    )
+    assert claim == lifecycle.Claim(row.id, None, True, row.tenant_id, row.queue, ended)
     row.refresh_from_db()
     assert (row.status, row.attempts, row.started_at) == (S.EXPIRED, 0, None)
     assert row.finished_at is not None
@@ -73,7 +79,7 @@ def test_failure_is_recorded_with_its_error():
     now = timezone.now()
     lifecycle.claim([row.id], "w1", now)
     failure = lifecycle.Finish(row.id, 1, succeeded=False, error="prompt too long")
-    assert lifecycle.finish([failure], now) == {row.id}
+    assert lifecycle.finish([failure], now).keys() == {row.id}
     row.refresh_from_db()
     assert (row.status, row.error, row.output_text) == (S.FAILED, "prompt too long", "")
 
@@ -84,11 +90,14 @@ def test_batched_claims_mix_outcomes():
     lifecycle.claim([finished.id], "w0", now)
     lifecycle.finish([done(finished.id, 1)], now)
     claims = lifecycle.claim([fresh.id, overdue.id, finished.id], "w1", now)
+    tenant, queue = fresh.tenant_id, "default.interactive"
+    expired = lifecycle.Ended(overdue.id, tenant, fresh.tier_id, queue, "expired", 50, 0, 0, True)
     assert claims == {
-        fresh.id: lifecycle.Claim(fresh.id, 1),
-        overdue.id: lifecycle.Claim(overdue.id, None, expired=True),
+        fresh.id: lifecycle.Claim(fresh.id, 1, False, tenant, queue),
+        overdue.id: lifecycle.Claim(overdue.id, None, True, tenant, queue, expired),
         finished.id: lifecycle.Claim(finished.id, None),
     }
+    assert claims[fresh.id].first and not claims[finished.id].first
 
 
 def test_expire_leaves_finished_requests_alone():
@@ -96,7 +105,7 @@ def test_expire_leaves_finished_requests_alone():
     now = timezone.now()
     lifecycle.claim([row.id], "w1", now)
     lifecycle.finish([done(row.id, 1)], now)
-    assert lifecycle.expire([row.id], now) == set()
+    assert lifecycle.expire([row.id], now) == {}
     row.refresh_from_db()
     assert row.status == S.SUCCEEDED
 
@@ -116,7 +125,12 @@ def test_batched_finish_records_each_outcome_under_its_own_attempt():
         ],
         now,
     )
-    assert won == {ok.id, failed.id, twice.id}
+    assert won.keys() == {ok.id, failed.id, twice.id}
+    # What each settles: the reservation against what it used (2 prompt + 3 completion tokens).
+    assert (won[ok.id].outcome, won[ok.id].reserved_tokens) == ("succeeded", 50)
+    assert (won[ok.id].prompt_tokens, won[ok.id].completion_tokens) == (2, 3)
+    assert (won[failed.id].outcome, won[failed.id].prompt_tokens) == ("failed", 0)
+    assert not any(e.was_waiting for e in won.values())
     rows = {r.id: r for r in PromptRequest.objects.all()}
     assert (rows[ok.id].status, rows[ok.id].output_text) == (S.SUCCEEDED, "first")
     assert (rows[ok.id].prompt_tokens, rows[ok.id].completion_tokens) == (2, 3)

@@ -1,0 +1,50 @@
+"""A request's books: what admission reserved is settled once, when the request ends.
+
+Admission holds prompt tokens + max_tokens against the tenant's tokens per minute and counts the
+request as waiting in its queue. When the request ends (succeeded, failed, expired, or never
+published) the unused part of the reservation goes back to the tenant, the outcome and tokens
+are counted in its usage, and if no worker ever claimed it, it stops counting as waiting. Only
+the writer that moved the row to its final state settles it (the conditional UPDATEs of
+llmqueue/lifecycle.py decide that), so nothing is settled twice.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from llmqueue import admission, usage
+from llmqueue.lifecycle import Claim, Ended
+
+
+def unused_tokens(ended: Ended) -> int:
+    return max(0, ended.reserved_tokens - ended.prompt_tokens - ended.completion_tokens)
+
+
+def settle(pipe: redis.client.Pipeline, ended: list[Ended]) -> None:
+    """Queue on `pipe` the refunds, usage counts and waiting-count drops of ended requests."""
+    for e in ended:
+        admission.refund(pipe, e.tenant_id, unused_tokens(e))
+        usage.count(
+            pipe,
+            e.tenant_id,
+            e.tier_id,
+            {
+                e.outcome: 1,
+                "prompt_tokens": e.prompt_tokens,
+                "completion_tokens": e.completion_tokens,
+            },
+        )
+        if e.was_waiting and e.queue:
+            pipe.decr(admission.waiting_key(e.queue, e.tenant_id))
+
+
+def count_claims(pipe: redis.client.Pipeline, claims: list[Claim]) -> None:
+    """Queue on `pipe` what first claims change: each queue's drain rate (the requests that left
+    it for an engine), and its tenants' counts of waiting requests."""
+    by_queue: dict[str, dict[int, int]] = {}
+    for c in claims:
+        if c.first and c.queue:
+            tenants = by_queue.setdefault(c.queue, {})
+            tenants[c.tenant_id] = tenants.get(c.tenant_id, 0) + 1
+    for queue, tenants in by_queue.items():
+        admission.record_drain(pipe, queue, sum(tenants.values()), tenants)

@@ -1,0 +1,365 @@
+"""The admission decision: tenant rate and token quotas, tier backpressure, in one Redis round trip.
+
+One Lua script decides each request atomically for every API replica: is a worker alive for the
+queue; is the queue below its depth cap, and would the request's estimated wait (requests ahead ÷
+the queue's recent drain rate) still meet its deadline; does the tenant's request bucket (rate +
+burst) have a token; does its tokens-per-minute bucket hold prompt tokens + max_tokens. Only an
+admitted request takes from the buckets; a rejection names its reason and when to retry. Usage
+counters and the config version (for cache invalidation) ride along in the same round trip.
+
+Token reservations are refunded, down to what a request really used, when its outcome is recorded
+(`refund`), and workers feed each queue's drain rate as they claim requests (`record_drain`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import redis
+from django.conf import settings
+
+from llmqueue import liveness, usage
+from llmqueue.auth import Caller
+from llmqueue.errors import ApiError, InvalidParameter, Overloaded, RateLimited, Unavailable
+from llmqueue.invalidation import CONFIG_VERSION_KEY, note_config_version
+from llmqueue.redis_client import get_redis
+from llmqueue.routing import ModelRoute, queue_name
+from llmqueue.validation import PromptSpec
+
+# Rejection reasons, as the script returns them and usage counts them.
+RATE, TOKENS = "rate", "tokens"
+NO_WORKER, QUEUE_FULL, TOO_SLOW, TENANT_SHARE = (
+    "no_worker",
+    "queue_full",
+    "too_slow",
+    "tenant_share",
+)
+
+_ADMIT = """
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local rps, burst = tonumber(ARGV[2]), tonumber(ARGV[3])
+local tpm, need = tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_depth, max_wait = tonumber(ARGV[6]), tonumber(ARGV[7])
+local stale, tau = tonumber(ARGV[8]), tonumber(ARGV[9])
+local usage_ttl, tenant_depth = tonumber(ARGV[10]), tonumber(ARGV[11])
+local version = redis.call('GET', KEYS[7]) or '0'
+
+local function reject(reason, retry_after, rate, ahead)
+  redis.call('HINCRBY', KEYS[6], 'rejected_' .. reason, 1)
+  redis.call('EXPIRE', KEYS[6], usage_ttl)
+  return {reason, tostring(retry_after), version, tostring(rate), ahead}
+end
+
+-- The queue's drain rate (requests/s): an exponentially decayed count of claims. Unknown (0)
+-- when nothing was claimed for a while: a fresh or idle queue is not refused for being slow.
+local rate = 0
+local drain = redis.call('HMGET', KEYS[5], 'count', 'ts')
+if drain[1] and now - tonumber(drain[2]) < 3 * tau then
+  rate = tonumber(drain[1]) * math.exp(-(now - tonumber(drain[2])) / tau) / tau
+end
+local ahead = redis.call('LLEN', KEYS[3])
+
+if redis.call('ZCOUNT', KEYS[4], '(' .. (now - stale), '+inf') == 0 then
+  return reject('no_worker', -1, rate, ahead)
+end
+if ahead >= max_depth then
+  return reject('queue_full', rate > 0 and (ahead - max_depth + 1) / rate or -1, rate, ahead)
+end
+if rate > 0 and ahead / rate > max_wait then
+  return reject('too_slow', ahead / rate - max_wait, rate, ahead)
+end
+local mine = tonumber(redis.call('GET', KEYS[8]) or '0')
+if mine >= tenant_depth then
+  return reject('tenant_share', rate > 0 and (mine - tenant_depth + 1) / rate or -1, rate, ahead)
+end
+
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local requests = burst
+if b[1] then
+  requests = math.min(burst, tonumber(b[1]) + math.max(0, now - tonumber(b[2])) * rps)
+end
+if requests < 1 then
+  return reject('rate', (1 - requests) / rps, rate, ahead)
+end
+local per_s = tpm / 60
+local t = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
+local tokens = tpm
+if t[1] then
+  tokens = math.min(tpm, tonumber(t[1]) + math.max(0, now - tonumber(t[2])) * per_s)
+end
+if tokens < need then
+  return reject('tokens', (need - tokens) / per_s, rate, ahead)
+end
+
+redis.call('HSET', KEYS[1], 'tokens', tostring(requests - 1), 'ts', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rps) + 60)
+redis.call('HSET', KEYS[2], 'tokens', tostring(tokens - need), 'ts', tostring(now),
+           'cap', tostring(tpm))
+redis.call('EXPIRE', KEYS[2], 3600)
+redis.call('INCR', KEYS[8])
+redis.call('EXPIRE', KEYS[8], usage_ttl)
+redis.call('HINCRBY', KEYS[6], 'admitted', 1)
+redis.call('EXPIRE', KEYS[6], usage_ttl)
+return {'', '0', version, tostring(rate), ahead}
+"""
+
+# KEYS[1] the tenant's token bucket; ARGV: now ('' = server time), tokens to give back.
+_REFUND = """
+local t = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'cap')
+if not t[1] then
+  return 0  -- no bucket: it would have refilled to full by now
+end
+local now = tonumber(ARGV[1])
+if not now then
+  local s = redis.call('TIME')
+  now = tonumber(s[1]) + tonumber(s[2]) / 1000000
+end
+local cap = tonumber(t[3])
+local tokens = math.min(cap, tonumber(t[1]) + math.max(0, now - tonumber(t[2])) * cap / 60)
+tokens = math.min(cap, tokens + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
+return 1
+"""
+
+# KEYS[1] a queue's drain hash; ARGV: now ('' = server time), requests claimed, tau seconds.
+_DRAIN = """
+local now = tonumber(ARGV[1])
+if not now then
+  local s = redis.call('TIME')
+  now = tonumber(s[1]) + tonumber(s[2]) / 1000000
+end
+local d = redis.call('HMGET', KEYS[1], 'count', 'ts')
+local count = 0
+if d[1] then
+  count = tonumber(d[1]) * math.exp(-math.max(0, now - tonumber(d[2])) / tonumber(ARGV[3]))
+end
+redis.call('HSET', KEYS[1], 'count', tostring(count + tonumber(ARGV[2])), 'ts', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(10 * tonumber(ARGV[3])))
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one admission decision checks, from the cached Caller and route."""
+
+    tenant_id: int
+    tier_id: int
+    queue: str
+    pool: str
+    requests_per_second: float
+    burst: int
+    tokens_per_minute: int
+    max_queue_depth: int
+    max_tier_share: float
+    max_wait_seconds: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An admission decision. `reason` is empty when admitted; `retry_after_seconds` is None
+    when no wait can be estimated (no worker, or no drain rate measured yet)."""
+
+    reason: str
+    retry_after_seconds: float | None
+    config_version: str
+    drain_rate_per_second: float
+    ahead: int
+
+    @property
+    def admitted(self) -> bool:
+        return not self.reason
+
+
+def bucket_key(kind: str, tenant_id: int) -> str:
+    return f"llmqueue:bucket:{kind}:{tenant_id}"
+
+
+def drain_key(queue: str) -> str:
+    return f"llmqueue:drain:{queue}"
+
+
+def waiting_key(queue: str, tenant_id: int) -> str:
+    """How many of the tenant's requests were admitted to `queue` and not claimed yet."""
+    return f"llmqueue:waiting:{queue}:{tenant_id}"
+
+
+@cache
+def _scripts() -> dict[str, Any]:
+    client = get_redis()
+    return {name: client.register_script(source) for name, source in _SOURCES.items()}
+
+
+_SOURCES = {"admit": _ADMIT, "refund": _REFUND, "drain": _DRAIN}
+
+
+def _now_arg(now: float | None) -> str:
+    return "" if now is None else repr(now)
+
+
+def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
+    """Decide one request needing `tokens` (prompt estimate + max_tokens), atomically against
+    every other replica. `now` (epoch seconds) is for tests; by default Redis' clock decides, so
+    replicas with skewed clocks share one timeline."""
+    keys = [
+        bucket_key("requests", limits.tenant_id),
+        bucket_key("tokens", limits.tenant_id),
+        limits.queue,
+        liveness.pool_key(limits.pool),
+        drain_key(limits.queue),
+        usage.counter_key(limits.tenant_id, limits.tier_id, now),
+        CONFIG_VERSION_KEY,
+        waiting_key(limits.queue, limits.tenant_id),
+    ]
+    tenant_depth = max(1, math.floor(limits.max_queue_depth * limits.max_tier_share))
+    args = [
+        _now_arg(now),
+        limits.requests_per_second,
+        limits.burst,
+        limits.tokens_per_minute,
+        tokens,
+        limits.max_queue_depth,
+        limits.max_wait_seconds,
+        settings.LLMQUEUE_WORKER_STALE_SECONDS,
+        settings.LLMQUEUE_DRAIN_HALF_LIFE_SECONDS / math.log(2),
+        usage.COUNTER_TTL_SECONDS,
+        tenant_depth,
+    ]
+    reason, retry, version, rate, ahead = _scripts()["admit"](keys=keys, args=args)
+    retry_after = float(retry)
+    return Decision(
+        reason=_text(reason),
+        retry_after_seconds=None if retry_after < 0 else retry_after,
+        config_version=_text(version),
+        drain_rate_per_second=float(rate),
+        ahead=int(ahead),
+    )
+
+
+def refund(
+    pipe: redis.client.Pipeline, tenant_id: int, tokens: int, now: float | None = None
+) -> None:
+    """Queue on `pipe` the return of `tokens` a request reserved but did not use."""
+    if tokens > 0:
+        _scripts()["refund"](
+            keys=[bucket_key("tokens", tenant_id)], args=[_now_arg(now), tokens], client=pipe
+        )
+
+
+def record_drain(
+    pipe: redis.client.Pipeline,
+    queue: str,
+    claimed: int,
+    tenant_claims: dict[int, int],
+    now: float | None = None,
+) -> None:
+    """Queue on `pipe`: `claimed` requests left `queue` for an engine (its drain rate), and each
+    tenant's count of requests waiting in it drops by its claims."""
+    tau = settings.LLMQUEUE_DRAIN_HALF_LIFE_SECONDS / math.log(2)
+    _scripts()["drain"](keys=[drain_key(queue)], args=[_now_arg(now), claimed, tau], client=pipe)
+    for tenant_id, count in tenant_claims.items():
+        pipe.decrby(waiting_key(queue, tenant_id), count)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def limits_for(caller: Caller, route: ModelRoute) -> Limits:
+    return Limits(
+        tenant_id=caller.tenant_id,
+        tier_id=caller.tier_id,
+        queue=queue_name(route.pool, caller.tier_name),
+        pool=route.pool,
+        requests_per_second=caller.requests_per_second,
+        burst=caller.burst,
+        tokens_per_minute=caller.tokens_per_minute,
+        max_queue_depth=caller.max_queue_depth,
+        max_tier_share=caller.max_tier_share,
+        max_wait_seconds=caller.max_wait_seconds,
+    )
+
+
+def tokens_needed(spec: PromptSpec) -> int:
+    """What a request reserves against its tenant's tokens per minute until it finishes."""
+    return int(spec.estimated_prompt_tokens + spec.params["max_tokens"])
+
+
+def admit_request(
+    caller: Caller, route: ModelRoute, spec: PromptSpec, now: float | None = None
+) -> int:
+    """Admit a validated request or raise 429/503 (or 422 when it can never fit the tenant's
+    tokens per minute); returns the tokens it reserved."""
+    limits = limits_for(caller, route)
+    need = tokens_needed(spec)
+    if need > limits.tokens_per_minute:
+        raise InvalidParameter(
+            f"The prompt (about {spec.estimated_prompt_tokens} tokens) plus max_tokens "
+            f"({spec.params['max_tokens']}) exceeds tenant {caller.tenant_name!r}'s limit of "
+            f"{limits.tokens_per_minute} tokens per minute.",
+            code="tokens_per_minute_exceeded",
+            param="max_tokens",
+        )
+    try:
+        decision = admit(limits, need, now)
+    except redis.RedisError as exc:  # nothing was stored or reserved yet: the caller retries
+        raise Unavailable(
+            "The queue is unavailable; retry shortly.",
+            retry_after_seconds=settings.LLMQUEUE_UNKNOWN_WAIT_RETRY_SECONDS,
+        ) from exc
+    note_config_version(decision.config_version)
+    if not decision.admitted:
+        raise rejection(decision, limits, caller.tenant_name)
+    return need
+
+
+def rejection(decision: Decision, limits: Limits, tenant: str) -> ApiError:
+    """The API error for a refused request: which limit, and when to retry."""
+    retry = decision.retry_after_seconds
+    if retry is None:
+        retry = settings.LLMQUEUE_UNKNOWN_WAIT_RETRY_SECONDS
+    if decision.reason == RATE:
+        return RateLimited(
+            f"Rate limit reached for requests: tenant {tenant!r} may send "
+            f"{limits.requests_per_second:g} per second, in bursts of up to {limits.burst}.",
+            error_type="requests",
+            retry_after_seconds=retry,
+        )
+    if decision.reason == TOKENS:
+        return RateLimited(
+            f"Rate limit reached for tokens: tenant {tenant!r} may use "
+            f"{limits.tokens_per_minute} tokens per minute (prompt + max_tokens are held until "
+            "a request finishes).",
+            error_type="tokens",
+            retry_after_seconds=retry,
+        )
+    wait = ""
+    if decision.drain_rate_per_second > 0:
+        wait = f" (about {decision.ahead / decision.drain_rate_per_second:.0f} s of work ahead)"
+    messages = {
+        NO_WORKER: (f"No worker is serving queue {limits.queue!r} right now.", "no_worker"),
+        QUEUE_FULL: (
+            f"Queue {limits.queue!r} is full: {decision.ahead} requests waiting, limit "
+            f"{limits.max_queue_depth}{wait}.",
+            "queue_full",
+        ),
+        TOO_SLOW: (
+            f"Queue {limits.queue!r} would not reach this request within its "
+            f"{limits.max_wait_seconds:g} s deadline: {decision.ahead} requests waiting{wait}.",
+            "deadline_unreachable",
+        ),
+        TENANT_SHARE: (
+            f"Tenant {tenant!r} already fills its share ({limits.max_tier_share:.0%}) of queue "
+            f"{limits.queue!r}.",
+            "tenant_queue_share",
+        ),
+    }
+    message, code = messages[decision.reason]
+    return Overloaded(message, code=code, retry_after_seconds=retry)

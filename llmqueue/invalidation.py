@@ -1,0 +1,60 @@
+"""Admin edits reach every API replica's caches at once: a config version in Redis, bumped on save.
+
+Each replica caches keys, tenants, tiers and models (no DB query per request). A save or delete of
+any of them bumps the version; every admission decision reads it in the same round trip, and a
+replica that sees a new version drops its caches before the next request. The caches' TTL
+(LLMQUEUE_AUTH_CACHE_SECONDS) still bounds staleness when Redis could not be told.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import redis
+from django.db.models.signals import post_delete, post_save
+
+from llmqueue.redis_client import get_redis
+
+log = logging.getLogger(__name__)
+CONFIG_VERSION_KEY = "llmqueue:config-version"
+
+_seen: str | None = None
+_lock = threading.Lock()
+
+
+def bump_config_version(**_: Any) -> None:
+    """Signal handler: a cached model changed."""
+    try:
+        get_redis().incr(CONFIG_VERSION_KEY)
+    except redis.RedisError:
+        log.warning("could not bump the config version; replicas catch up within the cache TTL")
+
+
+def note_config_version(version: str) -> bool:
+    """Record the version an admission read; drop this process's caches if it changed. True if
+    they were dropped."""
+    global _seen
+    with _lock:
+        if version == _seen:
+            return False
+        first, _seen = _seen is None, version
+    if first:
+        return False
+    from llmqueue.auth import forget_cached_callers
+    from llmqueue.routing import forget_cached_routes
+
+    forget_cached_callers()
+    forget_cached_routes()
+    return True
+
+
+def connect_signals() -> None:
+    from llmqueue.models import ApiKey, ServedModel, Tenant, Tier
+
+    for model in (ApiKey, ServedModel, Tenant, Tier):
+        post_save.connect(bump_config_version, sender=model, dispatch_uid=f"bump-{model.__name__}")
+        post_delete.connect(
+            bump_config_version, sender=model, dispatch_uid=f"bump-del-{model.__name__}"
+        )

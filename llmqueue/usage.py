@@ -1,0 +1,94 @@
+"""Per-tenant, per-tier usage: counted in Redis on the hot paths, moved into TenantUsage rows.
+
+Admission counts admissions and rejections by reason inside its one script, and a worker's
+recorder counts outcomes and tokens in the pipeline that publishes them: no round trip of its own.
+`flush` moves the counters into hourly TenantUsage rows (each key read and deleted atomically, so
+any number of flushers may run at once): workers flush every few seconds, the admin's usage page
+before it reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import redis
+from django.db import transaction
+from django.db.models import F
+
+from llmqueue.models import TenantUsage
+from llmqueue.redis_client import get_redis
+
+_PREFIX = "llmqueue:usage"
+COUNTER_TTL_SECONDS = 7 * 24 * 3600
+"""How long an unflushed hour of counters survives in Redis (no flusher running meanwhile)."""
+
+FIELDS = frozenset(
+    f.name for f in TenantUsage._meta.get_fields() if f.name not in ("id", "tenant", "tier", "hour")
+)
+
+# Read a counter hash and delete it in one step: two flushers never count the same hit twice.
+_TAKE = """
+local fields = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+return fields
+"""
+
+
+def hour_of(epoch: float) -> int:
+    return int(epoch // 3600 * 3600)
+
+
+def counter_key(tenant_id: int, tier_id: int, now: float | None = None) -> str:
+    hour = hour_of(time.time() if now is None else now)
+    return f"{_PREFIX}:{tenant_id}:{tier_id}:{hour}"
+
+
+def count(
+    pipe: redis.client.Pipeline, tenant_id: int, tier_id: int, counts: dict[str, int]
+) -> None:
+    """Queue on `pipe` increments of usage fields (e.g. {"succeeded": 1, "prompt_tokens": 12})."""
+    key = counter_key(tenant_id, tier_id)
+    for field, amount in counts.items():
+        if amount:
+            pipe.hincrby(key, field, amount)
+    pipe.expire(key, COUNTER_TTL_SECONDS)
+
+
+def _parse_key(key: str) -> tuple[int, int, datetime]:
+    tenant_id, tier_id, hour = key[len(_PREFIX) + 1 :].split(":")
+    return int(tenant_id), int(tier_id), datetime.fromtimestamp(int(hour), tz=UTC)
+
+
+def _keys(client: redis.Redis) -> Iterable[str]:
+    for key in client.scan_iter(match=f"{_PREFIX}:*", count=500):
+        yield key.decode() if isinstance(key, bytes) else key
+
+
+def flush(client: redis.Redis | None = None) -> int:
+    """Move every usage counter from Redis into TenantUsage rows; returns the rows touched."""
+    client = client or get_redis()
+    take = client.register_script(_TAKE)
+    touched = 0
+    for key in _keys(client):
+        raw = take(keys=[key])
+        counts = {
+            _text(raw[i]): int(raw[i + 1]) for i in range(0, len(raw), 2) if _text(raw[i]) in FIELDS
+        }
+        if not counts:
+            continue
+        tenant_id, tier_id, hour = _parse_key(key)
+        with transaction.atomic():
+            row, _ = TenantUsage.objects.select_for_update().get_or_create(
+                tenant_id=tenant_id, tier_id=tier_id, hour=hour
+            )
+            TenantUsage.objects.filter(pk=row.pk).update(
+                **{field: F(field) + amount for field, amount in counts.items()}
+            )
+        touched += 1
+    return touched
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
