@@ -20,10 +20,11 @@ def unused_tokens(ended: Ended) -> int:
     return max(0, ended.reserved_tokens - ended.prompt_tokens - ended.completion_tokens)
 
 
-def settle(pipe: redis.client.Pipeline, ended: list[Ended]) -> None:
-    """Queue on `pipe` the refunds, usage counts and waiting-count drops of ended requests."""
+def settle(pipe: redis.client.Pipeline, ended: list[Ended], now: float | None = None) -> None:
+    """Queue on `pipe` the refunds, usage counts and waiting-count drops of ended requests
+    (`now`, epoch seconds, is for tests: Redis' clock by default)."""
     for e in ended:
-        admission.refund(pipe, e.tenant_id, unused_tokens(e))
+        admission.refund(pipe, e.tenant_id, unused_tokens(e), now)
         usage.count(
             pipe,
             e.tenant_id,

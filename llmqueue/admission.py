@@ -121,8 +121,9 @@ if not now then
   local s = redis.call('TIME')
   now = tonumber(s[1]) + tonumber(s[2]) / 1000000
 end
-local cap = tonumber(t[3])
-local tokens = math.min(cap, tonumber(t[1]) + math.max(0, now - tonumber(t[2])) * cap / 60)
+local cap, ts = tonumber(t[3]), tonumber(t[2])
+now = math.max(now, ts)  -- never move the bucket's clock back (a replica's clock behind)
+local tokens = math.min(cap, tonumber(t[1]) + (now - ts) * cap / 60)
 tokens = math.min(cap, tokens + tonumber(ARGV[2]))
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
 return 1
@@ -200,6 +201,11 @@ def _scripts() -> dict[str, Any]:
 _SOURCES = {"admit": _ADMIT, "refund": _REFUND, "drain": _DRAIN}
 
 
+def drain_tau_seconds() -> float:
+    """The drain rate's decay time constant (settings give its half-life)."""
+    return float(settings.LLMQUEUE_DRAIN_HALF_LIFE_SECONDS) / math.log(2)
+
+
 def _now_arg(now: float | None) -> str:
     return "" if now is None else repr(now)
 
@@ -228,7 +234,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         limits.max_queue_depth,
         limits.max_wait_seconds,
         settings.LLMQUEUE_WORKER_STALE_SECONDS,
-        settings.LLMQUEUE_DRAIN_HALF_LIFE_SECONDS / math.log(2),
+        drain_tau_seconds(),
         usage.COUNTER_TTL_SECONDS,
         tenant_depth,
     ]
@@ -256,14 +262,14 @@ def refund(
 def record_drain(
     pipe: redis.client.Pipeline,
     queue: str,
-    claimed: int,
+    claimed: float,
     tenant_claims: dict[int, int],
     now: float | None = None,
 ) -> None:
     """Queue on `pipe`: `claimed` requests left `queue` for an engine (its drain rate), and each
     tenant's count of requests waiting in it drops by its claims."""
-    tau = settings.LLMQUEUE_DRAIN_HALF_LIFE_SECONDS / math.log(2)
-    _scripts()["drain"](keys=[drain_key(queue)], args=[_now_arg(now), claimed, tau], client=pipe)
+    args = [_now_arg(now), claimed, drain_tau_seconds()]
+    _scripts()["drain"](keys=[drain_key(queue)], args=args, client=pipe)
     for tenant_id, count in tenant_claims.items():
         pipe.decrby(waiting_key(queue, tenant_id), count)
 
