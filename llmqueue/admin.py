@@ -6,11 +6,18 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
+from llmqueue import usage
 from llmqueue.apikeys import assign_new_secret
 from llmqueue.models import ApiKey, PromptRequest, ServedModel, Tenant, TenantUsage, Tier
+
+USAGE_HOURS = 24
 
 
 @admin.register(Tier)
@@ -60,6 +67,39 @@ class TenantAdmin(admin.ModelAdmin):
     list_editable = ("is_active",)
     search_fields = ("name",)
     inlines = [ApiKeyInline]
+
+    @admin.display(description="usage")
+    def usage_link(self, tenant: Tenant) -> str:
+        return format_html(
+            '<a href="{}">usage</a>', reverse("admin:llmqueue_tenant_usage", args=[tenant.pk])
+        )
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        return (*super().get_list_display(request), "usage_link")
+
+    def get_urls(self) -> list[Any]:
+        usage_url = path(
+            "<int:tenant_id>/usage/",
+            self.admin_site.admin_view(self.usage_view),
+            name="llmqueue_tenant_usage",
+        )
+        return [usage_url, *super().get_urls()]
+
+    def usage_view(self, request: HttpRequest, tenant_id: int) -> HttpResponse:
+        """A tenant's last day of usage, hour by hour, with the counters flushed first."""
+        tenant = get_object_or_404(Tenant.objects.select_related("tier"), pk=tenant_id)
+        usage.flush()
+        rows, totals = usage.recent(tenant.pk, USAGE_HOURS)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Usage of {tenant.name}",
+            "tenant": tenant,
+            "rows": rows,
+            "totals": totals,
+            "hours": USAGE_HOURS,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/llmqueue/tenant/usage.html", context)
 
 
 @admin.action(description="Revoke selected keys")

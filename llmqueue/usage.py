@@ -92,3 +92,15 @@ def flush(client: redis.Redis | None = None) -> int:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def recent(tenant_id: int, hours: int) -> tuple[list[TenantUsage], dict[str, int]]:
+    """A tenant's hourly usage rows of the last `hours` hours, newest first, and their totals."""
+    since = datetime.fromtimestamp(hour_of(time.time()) - (hours - 1) * 3600, tz=UTC)
+    rows = list(
+        TenantUsage.objects.filter(tenant_id=tenant_id, hour__gte=since)
+        .select_related("tier")
+        .order_by("-hour", "tier__name")
+    )
+    totals = {field: sum(getattr(row, field) for row in rows) for field in sorted(FIELDS)}
+    return rows, totals

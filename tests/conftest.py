@@ -54,6 +54,7 @@ class Seeded:
     key: str
     other_key: str
     tenant_id: int
+    tier_id: int
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def seeded(transactional_db: None, clean_redis: redis.Redis) -> Seeded:
     ensure_served_model("tiny-llama", "tiny", context_length=2048, max_tokens=512)
     tenant, key = create_tenant_with_key("acme", tiers["interactive"])
     _, other = create_tenant_with_key("globex", tiers["batch"])
-    return Seeded(key, other, tenant.pk)
+    return Seeded(key, other, tenant.pk, tenant.tier_id)
 
 
 def queued_messages(client: redis.Redis) -> int:

@@ -135,7 +135,7 @@ def test_a_tenant_fills_only_its_share_of_the_queue(live):
 def test_usage_counts_every_decision_and_outcome_then_lands_in_the_db(
     seeded: Seeded, live: redis.Redis
 ):
-    tenant_id, tier_id = seeded.tenant_id, 1
+    tenant_id, tier_id = seeded.tenant_id, seeded.tier_id
     lim = limits(tenant_id=tenant_id, tier_id=tier_id, burst=2)
     now = time.time()
     for _ in range(3):
