@@ -149,20 +149,38 @@ def seed(
     max_tokens: int = 512,
     limits: dict[str, Any] | None = None,
 ) -> str:
-    """Create tiers, the served model and a tenant in the bench DB; returns the tenant's API key.
+    """Create tiers, the served model and a tenant in the bench DB; returns the tenant's API key."""
+    tenants = [{"name": tenant, "tier": tier, "limits": limits or {}}]
+    keys = seed_tenants(
+        env, tenants, model=model, pool=pool, context_length=context_length, max_tokens=max_tokens
+    )
+    return keys[tenant]
+
+
+def seed_tenants(
+    env: dict[str, str],
+    tenants: list[dict[str, Any]],
+    *,
+    model: str = "sim",
+    pool: str = "default",
+    context_length: int = 2048,
+    max_tokens: int = 512,
+    tiers: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, str]:
+    """Create the default tiers (with `tiers` {name: {field: value}} applied), the served model
+    and each tenant ({"name", "tier", "limits"}); returns {tenant name: API key}.
 
     Runs in a subprocess so the benchmark process itself never binds to a Django database.
     """
     spec = {
         "model": model,
         "pool": pool,
-        "tenant": tenant,
-        "tier": tier,
         "context_length": context_length,
         "max_tokens": max_tokens,
-        "limits": limits or {},
+        "tenants": tenants,
+        "tiers": tiers or {},
     }
-    return str(_harness_command(env, ["seed", json.dumps(spec)], 120)["api_key"])
+    return dict(_harness_command(env, ["seed", json.dumps(spec)], 120))
 
 
 def _harness_command(env: dict[str, str], args: list[str], timeout_seconds: float) -> Any:
@@ -184,12 +202,20 @@ def _seed_main(spec_json: str) -> None:
 
     django.setup()
     from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
+    from llmqueue.models import Tier
 
     spec = json.loads(spec_json)
-    tiers = ensure_default_tiers()
+    ensure_default_tiers()
+    for name, fields in spec["tiers"].items():
+        Tier.objects.filter(name=name).update(**fields)
+    tiers = {tier.name: tier for tier in Tier.objects.all()}
     ensure_served_model(spec["model"], spec["pool"], spec["context_length"], spec["max_tokens"])
-    _, key = create_tenant_with_key(spec["tenant"], tiers[spec["tier"]], **spec["limits"])
-    print(json.dumps({"api_key": key}))
+    keys = {}
+    for tenant in spec["tenants"]:
+        _, keys[tenant["name"]] = create_tenant_with_key(
+            tenant["name"], tiers[tenant["tier"]], **tenant["limits"]
+        )
+    print(json.dumps(keys))
 
 
 # --- child processes ---------------------------------------------------------------------------

@@ -138,4 +138,8 @@ def error_response(error: ApiError) -> JsonResponse:
         response["Retry-After"] = str(max(1, math.ceil(error.retry_after_seconds)))
     for name, value in error.headers.items():
         response[name] = value
+    # An ApiError is an answer, not a fault: django.request would log each one (a line per 429
+    # and an ERROR per backpressure 503, ~5% of a rejection's CPU under load); usage counts them
+    # by reason instead. Crashes are still logged where they are caught (views.api_endpoint).
+    response._has_been_logged = True
     return response

@@ -93,6 +93,10 @@ def publish_tasks(task_name: str, messages: list[TaskMessage]) -> None:
     for m in messages:
         envelope = task_envelope(task_name, m.task_id, m.queue, m.args, m.expires, m.argsrepr)
         by_queue.setdefault(m.queue, []).append(envelope)
+    if len(by_queue) == 1:  # an API call's one message: a pipeline would only add cost
+        [(queue, envelopes)] = by_queue.items()
+        _broker().lpush(queue, *envelopes)
+        return
     pipe = _broker().pipeline(transaction=False)
     for queue, envelopes in by_queue.items():
         pipe.lpush(queue, *envelopes)

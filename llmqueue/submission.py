@@ -6,7 +6,7 @@ import logging
 from datetime import datetime, timedelta
 
 import redis
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from llmqueue.accounting import settle
@@ -18,6 +18,7 @@ from llmqueue.payload import TaskPayload
 from llmqueue.publisher import TaskMessage, publish_tasks
 from llmqueue.redis_client import get_redis
 from llmqueue.routing import ModelRoute, queue_name
+from llmqueue.row_insert import insert_request
 from llmqueue.tasks import GENERATE_TASK
 from llmqueue.validation import PromptSpec
 
@@ -69,17 +70,23 @@ def mark_unpublished(rows: list[PromptRequest], error: Exception) -> None:
         finished_at=timezone.now(),
         error=f"not enqueued: broker unavailable ({error})",
     )
+    release_books(rows)
+
+
+def release_books(rows: list[PromptRequest]) -> None:
+    """Admitted requests that will never reach a queue: the tokens they reserved go back, and
+    they count as failed, not as waiting."""
     ended = [
         Ended(row.id, row.tenant_id, row.tier_id, row.queue, "failed", row.reserved_tokens,
               was_waiting=True)
         for row in rows
     ]  # fmt: skip
-    try:  # the tokens they reserved go back, and they count as failed, not as waiting
+    try:
         pipe = get_redis().pipeline(transaction=False)
         settle(pipe, ended)
         pipe.execute()
     except redis.RedisError:
-        log.warning("could not settle %d unpublished requests' books", len(rows))
+        log.warning("could not settle the books of %d unqueued requests", len(rows))
 
 
 def new_request(
@@ -115,7 +122,8 @@ def submit_prompts(
 
     Publishing after commit means a worker never sees an id the DB does not have yet. If the broker
     refuses the publish, the rows are marked failed and the caller gets 503: nothing is stranded
-    as "queued" without a message.
+    as "queued" without a message. If the database refuses the rows, the caller gets 503 too and
+    the admission's reservations are released.
     """
     now = timezone.now()
     rows = [new_request(caller, route, spec, now, reserved_tokens) for spec in specs]
@@ -127,11 +135,24 @@ def submit_prompts(
         publish(rows, route, caller, chunk_size)
 
     try:
-        with transaction.atomic():
-            PromptRequest.objects.bulk_create(rows)
+        if len(rows) == 1 and transaction.get_autocommit():
+            # One row needs no transaction: the INSERT commits by itself, and on_commit outside
+            # a transaction runs at once. BEGIN + COMMIT would cost two more DB round trips on
+            # every API request.
+            insert_request(rows[0])
             transaction.on_commit(publish_committed)
+        else:
+            with transaction.atomic():
+                PromptRequest.objects.bulk_create(rows)
+                transaction.on_commit(publish_committed)
     except Exception as exc:
         if not committed:
+            release_books(rows)
+            if isinstance(exc, DatabaseError):
+                raise Unavailable(
+                    "The database is unavailable; nothing was queued. Retry shortly.",
+                    retry_after_seconds=5,
+                ) from exc
             raise
         log.exception("publish of %d requests failed", len(rows))
         mark_unpublished(rows, exc)

@@ -76,7 +76,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     DATABASES["default"]["TEST"] = {"NAME": str(STATE_DIR / "test-db.sqlite3")}
 else:
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = env.bool("DB_CONN_HEALTH_CHECKS", default=True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"

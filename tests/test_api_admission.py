@@ -3,11 +3,13 @@ real worker, quota changes seen by the running server, a broker lost at publish.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import pytest
 import redis
+from django.db import connection
 
 from llmqueue import admission
 from llmqueue.models import PromptRequest, Tenant, Tier
@@ -146,3 +148,37 @@ def test_a_broker_lost_at_publish_fails_the_row_and_settles_its_books(
     monkeypatch.undo()
     # Its 5 tokens came back: another request of the same size fits in the 6-token minute.
     assert ask(live_server, seeded.key, max_tokens=4).status_code == 202
+
+
+def test_a_database_refusing_the_row_is_503_and_releases_the_reservation(
+    live_server, seeded: Seeded, clean_redis: redis.Redis
+):
+    pretend_live(clean_redis, "default")
+    limit_tenant(tokens_per_minute=6)
+    table = PromptRequest._meta.db_table
+    with connection.cursor() as cursor:  # a real failure: the INSERT finds no table
+        cursor.execute(f"ALTER TABLE {table} RENAME TO llmqueue_moved_away")
+    try:
+        refused = ask(live_server, seeded.key, max_tokens=4)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE llmqueue_moved_away RENAME TO {table}")
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
+    assert refused.json()["error"]["message"].startswith("The database is unavailable")
+    assert_nothing_enqueued(clean_redis)
+    assert PromptRequest.objects.count() == 0
+    waiting = clean_redis.get(admission.waiting_key("default.interactive", seeded.tenant_id))
+    assert int(waiting or 0) == 0
+    # Its 5 tokens came back: another request of the same size fits in the 6-token minute.
+    assert ask(live_server, seeded.key, max_tokens=4).status_code == 202
+
+
+def test_rejections_are_answers_not_logged_errors(
+    live_server, seeded: Seeded, clean_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+):
+    limit_tenant(requests_per_second=0.01, burst=1)
+    with caplog.at_level(logging.INFO, logger="django.request"):
+        assert ask(live_server, seeded.key).status_code == 503  # no worker
+        pretend_live(clean_redis, "default")
+        assert [ask(live_server, seeded.key).status_code for _ in range(2)] == [202, 429]
+    assert [r for r in caplog.records if r.name == "django.request"] == []
