@@ -15,6 +15,7 @@ from django.utils.html import format_html
 
 from llmqueue import usage
 from llmqueue.apikeys import assign_new_secret
+from llmqueue.invalidation import bump_config_version
 from llmqueue.models import ApiKey, PromptRequest, ServedModel, Tenant, TenantUsage, Tier
 
 USAGE_HOURS = 24
@@ -105,6 +106,8 @@ class TenantAdmin(admin.ModelAdmin):
 @admin.action(description="Revoke selected keys")
 def revoke_keys(modeladmin: Any, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
     count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    if count:  # update() sends no post_save: tell the API replicas' caches ourselves
+        bump_config_version()
     modeladmin.message_user(request, f"Revoked {count} key(s).")
 
 
