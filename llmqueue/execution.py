@@ -21,6 +21,8 @@ from llmqueue.failures import ContextLengthExceeded, GenerationError, RequestRej
 from llmqueue.payload import TaskPayload
 from llmqueue.recorder import Recorded, Recorder, get_recorder
 from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong, generation_request
+from workers.engine_budget import NO_HOLD, Hold
+from workers.queue_order import take_holds
 from workers.runtime import current_engine
 
 log = logging.getLogger(__name__)
@@ -74,15 +76,18 @@ def outcome_of(
 
 
 def start_prompt(
-    payload: TaskPayload, worker: str, recorder: Recorder, engine: Engine
+    payload: TaskPayload, worker: str, recorder: Recorder, engine: Engine, hold: Hold = NO_HOLD
 ) -> Future[Ran]:
     """Claim → generate → record and publish, without blocking; the future holds the claim and,
-    if it ran, the outcome and what became of it."""
+    if it ran, the outcome and what became of it. `hold` (the request's place in the engine
+    budget) is released as soon as the engine is done with it, or when the claim says not to
+    run it."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
 
     def on_claim(claim: lifecycle.Claim) -> None:
         if claim.expired or claim.attempt is None:
+            hold.release()
             done.set_result((claim, None, None))
             return
         attempt = claim.attempt
@@ -95,6 +100,7 @@ def start_prompt(
         )
 
         def on_generated(generated: Future[GenerationResult]) -> None:
+            hold.release()
             try:
                 outcome = outcome_of(request_id, attempt, generated)
                 _then(
@@ -119,8 +125,16 @@ def run_prompts(payloads: list[TaskPayload], worker: str) -> None:
     request (so Celery logs and counts a failure; the others' results are published all the same).
     """
     recorder, engine = get_recorder(), current_engine()
-    chains = [start_prompt(payload, worker, recorder, engine) for payload in payloads]
-    ran = [chain.result() for chain in chains]
+    holds = take_holds([payload["request_id"] for payload in payloads])
+    try:
+        chains = [
+            start_prompt(payload, worker, recorder, engine, hold)
+            for payload, hold in zip(payloads, holds, strict=True)
+        ]
+        ran = [chain.result() for chain in chains]
+    finally:  # whatever failed on the way, the budget gets its places back (release is once)
+        for hold in holds:
+            hold.release()
     recorded = [(claim, outcome, r) for claim, outcome, r in ran if outcome and r and r.won]
     if not recorded:
         raise Ignore()

@@ -127,6 +127,20 @@ def expire(
     return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
 
 
+def expire_overdue(now: datetime, limit: int = 500) -> dict[uuid.UUID, Ended]:
+    """Mark queued requests whose deadline passed expired, at most `limit` of them (the oldest
+    deadlines first); returns the ones this call expired. Their messages may still be deep in a
+    queue: when one reaches a worker its claim finds the row finished and drops it. Running
+    requests are left alone: they reached an engine in time."""
+    sql = (
+        f"UPDATE {_TABLE} SET status = %s, finished_at = %s, error = %s WHERE id IN ("
+        f"SELECT id FROM {_TABLE} WHERE status = %s AND deadline_at <= %s "
+        f"ORDER BY deadline_at LIMIT %s) AND status = %s"
+    )
+    params: list[object] = [S.EXPIRED, now, EXPIRED_ERROR, S.QUEUED, now, limit, S.QUEUED]
+    return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
+
+
 def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUID, Claim]:
     """Claim requests for `worker`. A queued request is claimed; a running one too, since its
     message was redelivered (its worker died, or the visibility timeout passed): the new attempt
