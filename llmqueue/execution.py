@@ -12,6 +12,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from celery.exceptions import Ignore
@@ -64,6 +65,7 @@ def outcome_of(
         return lifecycle.Finish(
             request_id, attempt, succeeded=False, error=error, error_code=GenerationError.code
         )
+    first_token = result.first_token_at
     return lifecycle.Finish(
         request_id,
         attempt,
@@ -72,6 +74,7 @@ def outcome_of(
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         finish_reason=result.finish_reason,
+        first_token_at=None if first_token is None else datetime.fromtimestamp(first_token, UTC),
     )
 
 
