@@ -83,14 +83,12 @@ def start_prompt(
 ) -> Future[Ran]:
     """Claim → generate → record and publish, without blocking; the future holds the claim and,
     if it ran, the outcome and what became of it. `hold` (the request's place in the engine
-    budget) is released as soon as the engine is done with it, or when the claim says not to
-    run it."""
+    budget) is released when the chain ends."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
 
     def on_claim(claim: lifecycle.Claim) -> None:
         if claim.expired or claim.attempt is None:
-            hold.release()
             done.set_result((claim, None, None))
             return
         attempt = claim.attempt
@@ -103,7 +101,6 @@ def start_prompt(
         )
 
         def on_generated(generated: Future[GenerationResult]) -> None:
-            hold.release()
             try:
                 outcome = outcome_of(request_id, attempt, generated)
                 _then(
@@ -115,6 +112,10 @@ def start_prompt(
         engine.submit(request).add_done_callback(on_generated)
 
     _then(recorder.claim(request_id, worker), done, on_claim)
+    # Its place goes back once its row says it is finished (or it was not run): a tier's unfinished
+    # rows on this worker then never exceed its cap, as the DB shows, at the cost of the recorder's
+    # few milliseconds per request.
+    done.add_done_callback(lambda _: hold.release())
     return done
 
 

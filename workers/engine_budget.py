@@ -1,7 +1,7 @@
 """The engine budget: how many requests and estimated tokens each tier holds in this worker.
 
-A request counts from the moment its message is delivered to the worker until the engine is done
-with it (or it was dropped before the engine). A tier may hold at most floor(max_engine_share ×
+A request counts from the moment its message is delivered to the worker until its outcome is
+recorded (or it was dropped before the engine). A tier may hold at most floor(max_engine_share ×
 max_num_seqs) requests (a share of 1 means no cap beyond the task slots): vLLM does not give up
 running slots to more urgent arrivals (DESIGN.md decision 2), so the rest of the engine's
 sequences stay free for more urgent tiers. All tiers together may hold at most `token_budget`
