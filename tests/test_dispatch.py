@@ -235,3 +235,26 @@ def test_tier_cycle_is_kombus_round_robin_without_a_dispatcher_and_polls_fast_wh
         assert cycle.consume(2) == [INTER]
     finally:
         queue_order.install(None)
+
+
+def test_workers_read_tier_settings_as_the_admin_saves_them(transactional_db: None):
+    from llmqueue.defaults import ensure_default_tiers
+    from llmqueue.models import Tier
+    from workers.tier_settings import load_tier_policies
+
+    ensure_default_tiers()
+    assert {t.name: t.weight for t in load_tier_policies()} == {"interactive": 8, "batch": 1}
+    Tier.objects.filter(name="batch").update(weight=4, max_engine_share=0.5)
+    batch = next(t for t in load_tier_policies() if t.name == "batch")
+    assert batch == TierPolicy("batch", priority=6, weight=4, max_engine_share=0.5)
+
+
+def test_shared_queue_puts_every_tier_of_a_pool_on_one_queue(transactional_db: None, settings):
+    from llmqueue.defaults import ensure_default_tiers
+    from llmqueue.routing import pool_queues, queue_name
+
+    ensure_default_tiers()
+    assert pool_queues("chat") == ["chat.interactive", "chat.batch"]
+    settings.LLMQUEUE_SHARED_QUEUE = True
+    assert queue_name("chat", "batch") == queue_name("chat", "interactive") == "chat.all-tiers"
+    assert pool_queues("chat") == ["chat.all-tiers"]
