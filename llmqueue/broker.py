@@ -1,4 +1,5 @@
-"""The Redis broker transport llmqueue runs on: kombu's own, minus a client built per command.
+"""The Redis broker transport llmqueue runs on: kombu's own, minus a client built per command,
+plus the two hooks the worker's dispatcher needs (workers/queue_order.py).
 
 kombu's Redis channel builds a new `redis.Redis` object for every publish, fetch bookkeeping and
 ack (`conn_or_acquire` → `_create_client`). redis-py's constructor copies ~200 response callbacks
@@ -10,7 +11,7 @@ requirements.txt because this subclasses its internals; tests/test_broker.py che
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,9 +35,34 @@ class QoS(kombu_redis.QoS):
             yield acquired.pipeline(transaction=False)
 
 
+# Called with every message the worker's consumer receives, before Celery handles it.
+_delivery_hook: Callable[[dict[str, Any], str], None] | None = None
+
+
+def on_delivery(hook: Callable[[dict[str, Any], str], None] | None) -> None:
+    """Have `hook(message, queue)` see every message this process's consumer receives."""
+    global _delivery_hook
+    _delivery_hook = hook
+
+
 class Channel(kombu_redis.Channel):
     QoS = QoS
     _sync_client: Any = None
+    _brpop_timeout: float = 1
+
+    @property
+    def brpop_timeout(self) -> float:
+        """kombu's BRPOP timeout, unless the queue order wants another for the next BRPOP: the
+        worker's (workers.queue_order.TierCycle) polls sooner while it leaves a queue out for
+        its budget, since a BRPOP in flight cannot take that queue back in."""
+        poll_timeout = getattr(self.__dict__.get("_queue_cycle"), "poll_timeout", None)
+        if poll_timeout is not None:
+            return float(poll_timeout(self._brpop_timeout))
+        return self._brpop_timeout
+
+    @brpop_timeout.setter
+    def brpop_timeout(self, value: float) -> None:
+        self._brpop_timeout = value
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
@@ -50,6 +76,12 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    def _deliver(self, message: Any, queue: str) -> None:
+        hook = _delivery_hook
+        if hook is not None:
+            hook(message, queue)
+        super()._deliver(message, queue)
 
 
 def install() -> None:

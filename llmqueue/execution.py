@@ -12,6 +12,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from celery.exceptions import Ignore
@@ -21,6 +22,8 @@ from llmqueue.failures import ContextLengthExceeded, GenerationError, RequestRej
 from llmqueue.payload import TaskPayload
 from llmqueue.recorder import Recorded, Recorder, get_recorder
 from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong, generation_request
+from workers.engine_budget import NO_HOLD, Hold
+from workers.queue_order import take_holds
 from workers.runtime import current_engine
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ def outcome_of(
         return lifecycle.Finish(
             request_id, attempt, succeeded=False, error=error, error_code=GenerationError.code
         )
+    first_token = result.first_token_at
     return lifecycle.Finish(
         request_id,
         attempt,
@@ -70,14 +74,16 @@ def outcome_of(
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         finish_reason=result.finish_reason,
+        first_token_at=None if first_token is None else datetime.fromtimestamp(first_token, UTC),
     )
 
 
 def start_prompt(
-    payload: TaskPayload, worker: str, recorder: Recorder, engine: Engine
+    payload: TaskPayload, worker: str, recorder: Recorder, engine: Engine, hold: Hold = NO_HOLD
 ) -> Future[Ran]:
     """Claim → generate → record and publish, without blocking; the future holds the claim and,
-    if it ran, the outcome and what became of it."""
+    if it ran, the outcome and what became of it. `hold` (the request's place in the engine
+    budget) is released when the chain ends."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
 
@@ -106,6 +112,10 @@ def start_prompt(
         engine.submit(request).add_done_callback(on_generated)
 
     _then(recorder.claim(request_id, worker), done, on_claim)
+    # Its place goes back once its row says it is finished (or it was not run): a tier's unfinished
+    # rows on this worker then never exceed its cap, as the DB shows, at the cost of the recorder's
+    # few milliseconds per request.
+    done.add_done_callback(lambda _: hold.release())
     return done
 
 
@@ -119,8 +129,16 @@ def run_prompts(payloads: list[TaskPayload], worker: str) -> None:
     request (so Celery logs and counts a failure; the others' results are published all the same).
     """
     recorder, engine = get_recorder(), current_engine()
-    chains = [start_prompt(payload, worker, recorder, engine) for payload in payloads]
-    ran = [chain.result() for chain in chains]
+    holds = take_holds([payload["request_id"] for payload in payloads])
+    try:
+        chains = [
+            start_prompt(payload, worker, recorder, engine, hold)
+            for payload, hold in zip(payloads, holds, strict=True)
+        ]
+        ran = [chain.result() for chain in chains]
+    finally:  # whatever failed on the way, the budget gets its places back (release is once)
+        for hold in holds:
+            hold.release()
     recorded = [(claim, outcome, r) for claim, outcome, r in ran if outcome and r and r.won]
     if not recorded:
         raise Ignore()

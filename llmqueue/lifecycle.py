@@ -67,6 +67,7 @@ class Finish:
     finish_reason: str = ""
     error: str = ""
     error_code: str = ""  # a llmqueue.failures code: why it failed, for the caller's status
+    first_token_at: datetime | None = None  # when the engine produced the first token
 
 
 def _db_ids(ids: Sequence[uuid.UUID]) -> list[object]:
@@ -127,6 +128,20 @@ def expire(
     return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
 
 
+def expire_overdue(now: datetime, limit: int = 500) -> dict[uuid.UUID, Ended]:
+    """Mark queued requests whose deadline passed expired, at most `limit` of them (the oldest
+    deadlines first); returns the ones this call expired. Their messages may still be deep in a
+    queue: when one reaches a worker its claim finds the row finished and drops it. Running
+    requests are left alone: they reached an engine in time."""
+    sql = (
+        f"UPDATE {_TABLE} SET status = %s, finished_at = %s, error = %s WHERE id IN ("
+        f"SELECT id FROM {_TABLE} WHERE status = %s AND deadline_at <= %s "
+        f"ORDER BY deadline_at LIMIT %s) AND status = %s"
+    )
+    params: list[object] = [S.EXPIRED, now, EXPIRED_ERROR, S.QUEUED, now, limit, S.QUEUED]
+    return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
+
+
 def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUID, Claim]:
     """Claim requests for `worker`. A queued request is claimed; a running one too, since its
     message was redelivered (its worker died, or the visibility timeout passed): the new attempt
@@ -183,16 +198,24 @@ _FINISH_COLUMNS = {
     "completion_tokens": "CAST(%s AS INTEGER)",
     "finish_reason": "%s",
     "error": "%s",
+    "first_token_at": "%s",
 }
-# Outcomes per UPDATE: 14 parameters each stays far below SQLite's and PostgreSQL's limits.
+# Outcomes per UPDATE: 16 parameters each stays far below SQLite's and PostgreSQL's limits.
 _FINISH_BATCH = 200
 
 
 def _finish_values(o: Finish) -> tuple[object, ...]:
     status = S.SUCCEEDED if o.succeeded else S.FAILED
     return (
-        status, o.output_text, o.prompt_tokens, o.completion_tokens, o.finish_reason, o.error
+        status, o.output_text, o.prompt_tokens, o.completion_tokens, o.finish_reason, o.error,
+        o.first_token_at,
     )  # fmt: skip
+
+
+def _finish_columns() -> dict[str, str]:
+    if connection.vendor == "postgresql":  # a CASE of only NULLs would read as text
+        return {**_FINISH_COLUMNS, "first_token_at": "CAST(%s AS TIMESTAMP WITH TIME ZONE)"}
+    return _FINISH_COLUMNS
 
 
 def _finish_batch(outcomes: Sequence[Finish], now: datetime) -> dict[uuid.UUID, Ended]:
@@ -200,13 +223,14 @@ def _finish_batch(outcomes: Sequence[Finish], now: datetime) -> dict[uuid.UUID, 
     only rows still running under the outcome's own attempt are touched."""
     ids = _db_ids([o.request_id for o in outcomes])
     values = [_finish_values(o) for o in outcomes]
+    columns = _finish_columns()
     sets = ", ".join(
         f"{column} = CASE id {' '.join(f'WHEN %s THEN {value}' for _ in outcomes)} END"
-        for column, value in _FINISH_COLUMNS.items()
+        for column, value in columns.items()
     )
     matches = " OR ".join("(id = %s AND attempts = %s)" for _ in outcomes)
     params: list[object] = []
-    for column_index in range(len(_FINISH_COLUMNS)):
+    for column_index in range(len(columns)):
         for db_id, row in zip(ids, values, strict=True):
             params += [db_id, row[column_index]]
     params += [now, S.RUNNING]

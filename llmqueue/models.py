@@ -151,7 +151,11 @@ class PromptRequest(models.Model):
 
     class Meta:
         ordering = ["-enqueued_at"]
-        indexes = [models.Index(fields=["tenant", "-enqueued_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "-enqueued_at"]),
+            # The workers' deadline sweep finds overdue queued rows without reading the queue.
+            models.Index(fields=["status", "deadline_at"], name="request_status_deadline"),
+        ]
 
     def __str__(self) -> str:
         return str(self.id)

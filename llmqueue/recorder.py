@@ -125,6 +125,11 @@ class Recorder:
         """Mark an unfinished request expired (Celery dropped its message), then publish that."""
         return self._submit("expire", request_id)
 
+    def sweep(self, limit: int = 500) -> Future[int]:
+        """Expire queued requests past their deadline (at most `limit`), publish that and settle
+        their books; the future holds how many were expired."""
+        return self._submit("sweep", limit)
+
     def _submit(self, op: str, item: Any) -> Future[Any]:
         future: Future[Any] = Future()
         self._jobs.put((op, item, future))
@@ -146,6 +151,7 @@ class Recorder:
                 ("claim", self._claims),
                 ("expire", self._expiries),
                 ("finish", self._finishes),
+                ("sweep", self._sweeps),
             ):
                 batch = [j for j in jobs if j[0] == op]
                 if batch:
@@ -201,6 +207,13 @@ class Recorder:
         ended = list(expired.values())
         books = Books([_revoked(e.request_id) for e in ended], ended)
         self._settle(batch, books, lambda job: job[1] in expired)
+
+    def _sweeps(self, batch: list[_Job]) -> None:
+        expired = lifecycle.expire_overdue(timezone.now(), max(j[1] for j in batch))
+        ended = list(expired.values())
+        self._send(Books([_revoked(e.request_id) for e in ended], ended))  # logs its failure
+        for _, _, future in batch:
+            future.set_result(len(ended))
 
     def _finishes(self, batch: list[_Job]) -> None:
         won = lifecycle.finish([j[1] for j in batch], timezone.now())

@@ -21,13 +21,23 @@ class ModelRoute:
     max_tokens: int
 
 
+# The one queue of a pool under LLMQUEUE_SHARED_QUEUE (a hyphen: no tier slug is likely to be it).
+SHARED_QUEUE_TIER = "all-tiers"
+
+
 def queue_name(pool: str, tier: str) -> str:
-    """One broker queue per (pool, tier): visible in Flower, ordered by the worker's policy."""
+    """One broker queue per (pool, tier): visible in Flower, ordered by the worker's policy.
+    Under LLMQUEUE_SHARED_QUEUE every tier of a pool shares one queue (arrival order: the fifo
+    baseline of the dispatch benchmarks)."""
+    if settings.LLMQUEUE_SHARED_QUEUE:
+        return f"{pool}.{SHARED_QUEUE_TIER}"
     return f"{pool}.{tier}"
 
 
 def pool_queues(pool: str) -> list[str]:
     """Every tier's queue of `pool`, most urgent tier first."""
+    if settings.LLMQUEUE_SHARED_QUEUE:
+        return [queue_name(pool, SHARED_QUEUE_TIER)]
     return [queue_name(pool, name) for name in Tier.objects.values_list("name", flat=True)]
 
 

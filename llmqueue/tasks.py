@@ -11,6 +11,7 @@ from celery.signals import task_revoked
 from llmqueue.execution import run_prompts
 from llmqueue.payload import TaskPayload
 from llmqueue.recorder import get_recorder
+from workers.queue_order import take_holds
 
 GENERATE_TASK = "llmqueue.generate"
 
@@ -25,7 +26,13 @@ def generate(self: Any, payloads: list[TaskPayload]) -> None:
 @task_revoked.connect
 def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
     """Celery drops a message past its `expires` before running it: the recorder marks the row
-    expired and publishes that, off the consumer's event loop."""
-    if expired and request is not None and getattr(sender, "name", None) == GENERATE_TASK:
-        for payload in request.args[0]:
-            get_recorder().expire(uuid.UUID(payload["request_id"]))
+    expired and publishes that, off the consumer's event loop. Any revoked message gives its
+    requests' places in the engine budget back."""
+    if request is None or getattr(sender, "name", None) != GENERATE_TASK:
+        return
+    ids = [payload["request_id"] for payload in request.args[0]]
+    for hold in take_holds(ids):
+        hold.release()
+    if expired:
+        for request_id in ids:
+            get_recorder().expire(uuid.UUID(request_id))

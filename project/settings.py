@@ -131,6 +131,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     ),
     # Scan on every sweep: the interval above is then the only knob.
     "unacked_restore_throttle": 1,
+    # The order of each BRPOP over a worker's tier queues: its dispatch policy and engine budget
+    # (workers/queue_order.py); kombu's round robin in processes that run no GPU worker.
+    "queue_order_strategy": "workers.queue_order:TierCycle",
 }
 CELERY_RESULT_EXPIRES = env.int("LLMQUEUE_RESULT_TTL_SECONDS", default=24 * 3600)
 """Seconds a result stays in the Redis result backend; the DB row keeps the outcome after."""
@@ -153,3 +156,16 @@ LLMQUEUE_UNKNOWN_WAIT_RETRY_SECONDS = env.float("LLMQUEUE_UNKNOWN_WAIT_RETRY_SEC
 queue with no drain rate measured yet)."""
 LLMQUEUE_USAGE_FLUSH_SECONDS = env.float("LLMQUEUE_USAGE_FLUSH_SECONDS", default=10.0)
 """Seconds between a worker's moves of usage counters from Redis into TenantUsage rows."""
+LLMQUEUE_TIER_REFRESH_SECONDS = env.float("LLMQUEUE_TIER_REFRESH_SECONDS", default=2.0)
+"""Seconds between a GPU worker's re-reads of tier settings (weight, priority, engine share):
+admin edits reach running workers within this bound, without a restart."""
+LLMQUEUE_DEADLINE_SWEEP_SECONDS = env.float("LLMQUEUE_DEADLINE_SWEEP_SECONDS", default=1.0)
+"""Seconds between a GPU worker's sweeps that expire queued requests past their deadline (and
+tell their callers), however deep their messages are in a queue (`--dispatch ours` only)."""
+LLMQUEUE_TYPICAL_REQUEST_TOKENS = env.int("LLMQUEUE_TYPICAL_REQUEST_TOKENS", default=1024)
+"""Tokens (prompt + max_tokens) of a typical request: a worker's default token budget is
+max_num_seqs × this (`--token-budget` overrides it)."""
+LLMQUEUE_SHARED_QUEUE = env.bool("LLMQUEUE_SHARED_QUEUE", default=False)
+"""Publish every tier of a pool to one queue (`<pool>.all-tiers`) instead of one per tier: the
+arrival-order baseline for `--dispatch fifo`. Must be the same on API and workers; each tier's
+max_queue_depth then caps the shared queue."""

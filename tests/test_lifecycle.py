@@ -139,3 +139,33 @@ def test_batched_finish_records_each_outcome_under_its_own_attempt():
     assert (rows[stale.id].status, rows[stale.id].output_text) == (S.RUNNING, "")
     assert (rows[twice.id].status, rows[twice.id].output_text) == (S.SUCCEEDED, "new attempt")
     assert rows[twice.id].finished_at == now
+
+
+def test_finish_records_when_the_first_token_came():
+    row = make_request()
+    now = timezone.now()
+    lifecycle.claim([row.id], "w1", now)
+    first = now - timedelta(milliseconds=250)
+    outcome = lifecycle.Finish(row.id, 1, True, "out", 2, 3, "length", first_token_at=first)
+    assert lifecycle.finish([outcome], now).keys() == {row.id}
+    row.refresh_from_db()
+    assert row.first_token_at == first
+
+
+def test_sweep_expires_only_queued_requests_past_their_deadline_oldest_first():
+    overdue = [make_request(deadline_seconds=-10 + i) for i in range(3)]
+    fresh = make_request(deadline_seconds=60)
+    running = make_request(deadline_seconds=-20)
+    now = timezone.now()
+    lifecycle.claim([running.id], "w1", now - timedelta(seconds=30))  # claimed in time
+    first = lifecycle.expire_overdue(now, limit=2)
+    assert first.keys() == {overdue[0].id, overdue[1].id}
+    assert first[overdue[0].id] == lifecycle.Ended(
+        overdue[0].id, overdue[0].tenant_id, overdue[0].tier_id, "default.interactive",
+        "expired", 50, was_waiting=True,
+    )  # fmt: skip
+    assert lifecycle.expire_overdue(now).keys() == {overdue[2].id}
+    assert lifecycle.expire_overdue(now) == {}
+    statuses = dict(PromptRequest.objects.values_list("id", "status"))
+    assert [statuses[r.id] for r in overdue] == [S.EXPIRED] * 3
+    assert (statuses[fresh.id], statuses[running.id]) == (S.QUEUED, S.RUNNING)

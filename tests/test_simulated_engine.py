@@ -61,3 +61,17 @@ def test_long_prefill_is_chunked_by_the_token_budget():
         results += engine._step()
         engine.steps += 1
     assert [(r.first_token_step, r.finished_step) for r in results] == [(3, 3)]
+
+
+def test_results_say_when_their_first_token_came():
+    import time
+
+    engine = SimulatedEngine(SimulatedConfig(max_num_seqs=2, step_time=StepTimeModel(time_scale=0)))
+    try:
+        before = time.time()
+        result = engine.submit(GenerationRequest("r", prompt="abcd", max_tokens=5)).result(10)
+    finally:
+        engine.close()
+    assert result.first_token_at is not None
+    assert before <= result.first_token_at <= time.time()
+    assert result.finished_step - result.first_token_step == 4

@@ -17,7 +17,7 @@ from workers.serve import ENGINE_LOAD_FAILED
 
 def test_one_pinned_process_per_gpu_with_the_pool_queues_and_engine_flags():
     engine = EngineOptions(kind="vllm", model="/models/llama-8b", max_num_seqs=48, dtype="bfloat16")
-    slots = SlotOptions(pool="chat", slots=0)
+    slots = SlotOptions(pool="chat", slots=0, dispatch="strict", token_budget=5000)
     plan = worker_processes(["0", "3"], 1, ["chat.interactive", "chat.batch"], engine, slots)
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plan] == ["0", "3"]
     assert [p.node.split("@")[0] for p in plan] == ["chat-gpu0", "chat-gpu3"]
@@ -28,6 +28,7 @@ def test_one_pinned_process_per_gpu_with_the_pool_queues_and_engine_flags():
     assert flags["--max-num-seqs"] == "48"
     assert flags["--dtype"] == "bfloat16"
     assert flags["--queues"] == "chat.interactive,chat.batch"
+    assert (flags["--dispatch"], flags["--token-budget"]) == ("strict", "5000")
     assert "--in-process" not in argv  # GPUs keep vLLM's multiprocess engine core
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
+import time
+from array import array
 from concurrent.futures import Future
 from typing import Any
 
@@ -13,6 +16,9 @@ from workers.engine import GenerationRequest, GenerationResult
 log = logging.getLogger(__name__)
 
 _IDLE_POLL_SECONDS = 0.5
+# Steps whose end time is remembered: a request's first token is dated if it came at most this
+# many steps before the request finished (one float per step, 512 KiB).
+_STEP_CLOCK_SIZE = 65536
 _Arrival = tuple[GenerationRequest, Future[GenerationResult]]
 
 
@@ -33,6 +39,7 @@ class ContinuousEngine:
         self.submitted = 0
         self.finished = 0
         self._closed = threading.Event()
+        self._step_ended = array("d", bytes(8 * _STEP_CLOCK_SIZE))
         self._opened: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -123,12 +130,22 @@ class ContinuousEngine:
                 self._fail_all(exc)
                 continue
             self.steps += 1
+            self._step_ended[self.steps % _STEP_CLOCK_SIZE] = time.time()
             for result in finished:
                 future = self._futures.pop(result.request_id, None)
                 if future is not None:
                     self.finished += 1
-                    future.set_result(result)
+                    future.set_result(self._dated(result))
         self._fail_all(RuntimeError("engine closed"))
+
+    def _dated(self, result: GenerationResult) -> GenerationResult:
+        """`result` with the wall-clock end of its first token's step, if still remembered."""
+        if result.first_token_at is not None or not 0 < result.first_token_step <= self.steps:
+            return result
+        if self.steps - result.first_token_step >= _STEP_CLOCK_SIZE:
+            return result
+        at = self._step_ended[result.first_token_step % _STEP_CLOCK_SIZE]
+        return dataclasses.replace(result, first_token_at=at)
 
     def _fail_all(self, exc: BaseException) -> None:
         ids = list(self._futures)

@@ -36,6 +36,7 @@ class GenerationResult:
     finish_reason: str
     first_token_step: int  # engine step (1-based count) that produced the first output token
     finished_step: int
+    first_token_at: float | None = None  # wall-clock epoch seconds that step ended, if known
 
 
 class EngineError(Exception):

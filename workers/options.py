@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from workers.dispatch import DispatchMode
 from workers.runtime import EngineOptions
 
 # flag → (EngineOptions field, type, help)
@@ -39,6 +40,8 @@ class SlotOptions:
     slots: int = 0  # 0 → derived from max_num_seqs (see task_slots)
     loglevel: str = "INFO"
     events: bool = False
+    dispatch: str = "ours"  # a workers.dispatch.DispatchMode
+    token_budget: int = 0  # 0 → max_num_seqs × LLMQUEUE_TYPICAL_REQUEST_TOKENS
 
 
 def task_slots(requested: int, max_num_seqs: int) -> int:
@@ -78,6 +81,28 @@ def add_slot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--events", action="store_true", help="send task events (Flower's task view)"
     )
+    parser.add_argument(
+        "--dispatch",
+        choices=[m.value for m in DispatchMode],
+        default=DispatchMode.OURS.value,
+        help="order over tier queues: fifo (one order), strict (most urgent tier first) or ours "
+        "(weighted by tier, engine headroom and token budget, deadline sweep); see "
+        "workers/dispatch.py",
+    )
+    parser.add_argument(
+        "--token-budget",
+        type=int,
+        default=0,
+        help="estimated tokens (prompt + max_tokens) the worker holds at once "
+        "(default max-num-seqs × LLMQUEUE_TYPICAL_REQUEST_TOKENS)",
+    )
+
+
+def slot_argv(slots: SlotOptions) -> list[str]:
+    """Flags that make `workers.serve` use the same slots and dispatch policy."""
+    argv = ["--pool", slots.pool, "--slots", str(slots.slots), "--loglevel", slots.loglevel]
+    argv += ["--dispatch", slots.dispatch, "--token-budget", str(slots.token_budget)]
+    return argv + (["--events"] if slots.events else [])
 
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from workers.options import SlotOptions, engine_argv
+from workers.options import SlotOptions, engine_argv, slot_argv
 from workers.runtime import EngineOptions
 
 
@@ -35,11 +35,8 @@ def worker_processes(
             node = f"{slots.pool}-gpu{device}@{host}"
         else:
             node = f"{slots.pool}-cpu{index}@{host}"
-        argv = [sys.executable, "-m", "workers.serve", *engine_argv(engine)]
-        argv += ["--pool", slots.pool, "--queues", ",".join(queues), "--node-name", node]
-        argv += ["--slots", str(slots.slots), "--loglevel", slots.loglevel]
-        if slots.events:
-            argv.append("--events")
+        argv = [sys.executable, "-m", "workers.serve", *engine_argv(engine), *slot_argv(slots)]
+        argv += ["--queues", ",".join(queues), "--node-name", node]
         processes.append(WorkerProcess(argv, env, node))
     return processes
 

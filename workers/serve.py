@@ -2,6 +2,8 @@
 
 Run by `manage.py runworkers` (one process per GPU), or directly:
     python -m workers.serve --engine vllm --model PATH --pool default --queues default.interactive
+The worker takes its tier queues in the order of `--dispatch` (fifo, strict, ours: see
+workers/dispatch.py) and holds at most its engine budget (workers/engine_budget.py).
 A worker whose engine cannot load exits with status 3 and a one-line reason, before it consumes.
 """
 
@@ -14,6 +16,7 @@ import sys
 from typing import Any
 
 from workers import runtime
+from workers.dispatch import DispatchMode
 from workers.options import (
     add_engine_arguments,
     add_slot_arguments,
@@ -70,6 +73,60 @@ def _start_heartbeat(pool: str, node: str) -> None:
         beat.stop()
 
 
+def _start_dispatcher(
+    mode: DispatchMode, max_num_seqs: int, slots: int, token_budget: int, queues: list[str]
+) -> None:
+    """Install this process's dispatcher (workers/queue_order.py) with the tiers as they are now,
+    and the threads that keep it current: tier settings re-read, overdue requests swept."""
+    from celery.signals import worker_ready, worker_shutdown
+    from django.conf import settings
+
+    from llmqueue.recorder import get_recorder
+    from workers import queue_order
+    from workers.engine_budget import EngineLimits, default_token_budget
+    from workers.periodic import Periodic
+    from workers.tier_settings import load_tier_policies
+
+    budget = token_budget or default_token_budget(
+        max_num_seqs, settings.LLMQUEUE_TYPICAL_REQUEST_TOKENS
+    )
+    dispatcher = queue_order.Dispatcher(
+        mode, EngineLimits(max_num_seqs, slots, budget), settings.LLMQUEUE_BYTES_PER_TOKEN
+    )
+    dispatcher.set_tiers(load_tier_policies())
+    queue_order.install(dispatcher)
+    if mode is DispatchMode.FIFO and len(queues) > 1:
+        print(
+            f"llmqueue worker: --dispatch fifo over {len(queues)} queues takes them in turn "
+            "(kombu's round robin); set LLMQUEUE_SHARED_QUEUE=true on API and workers for one "
+            "arrival order",
+            file=sys.stderr,
+        )
+    jobs = [
+        Periodic(
+            "tier-settings",
+            settings.LLMQUEUE_TIER_REFRESH_SECONDS,
+            lambda: dispatcher.set_tiers(load_tier_policies()),
+        )
+    ]
+    if mode is DispatchMode.OURS:
+        sweep_seconds = settings.LLMQUEUE_DEADLINE_SWEEP_SECONDS
+        # Waits for each sweep, so a slow one delays the next instead of piling up behind it.
+        jobs.append(
+            Periodic("deadline-sweep", sweep_seconds, lambda: get_recorder().sweep().result())
+        )
+
+    @worker_ready.connect(weak=False)
+    def _ready(**_: Any) -> None:
+        for job in jobs:
+            job.start()
+
+    @worker_shutdown.connect(weak=False)
+    def _shutdown(**_: Any) -> None:
+        for job in jobs:
+            job.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     engine_opts, slot_opts = engine_options(args), slot_options(args)
@@ -95,8 +152,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return ENGINE_LOAD_FAILED
     runtime.install(engine)
-    _start_heartbeat(slot_opts.pool, node)
     slots = task_slots(slot_opts.slots, engine_opts.max_num_seqs)
+    _start_dispatcher(
+        DispatchMode(slot_opts.dispatch),
+        engine_opts.max_num_seqs,
+        slots,
+        slot_opts.token_budget,
+        queues,
+    )
+    _start_heartbeat(slot_opts.pool, node)
     app.worker_main(celery_argv(queues, slots, node, slot_opts.loglevel, slot_opts.events))
     return 0
 

@@ -1,0 +1,260 @@
+"""The dispatch policy and engine budget without a worker: order, starvation, caps, weights."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from llmqueue.payload import TaskPayload
+from workers import queue_order
+from workers.dispatch import (
+    DispatchMode,
+    QueueOrder,
+    RoundRobinOrder,
+    StrictOrder,
+    TierPolicy,
+    WeightedOrder,
+)
+from workers.engine_budget import (
+    NO_HOLD,
+    EngineBudget,
+    EngineLimits,
+    default_token_budget,
+    estimated_tokens,
+    tier_request_cap,
+    tier_token_cap,
+)
+from workers.queue_order import Dispatcher, TierCycle
+
+INTER, BATCH = "default.interactive", "default.batch"
+TIERS = {
+    INTER: TierPolicy("interactive", priority=0, weight=8),
+    BATCH: TierPolicy("batch", priority=6, weight=1, max_engine_share=0.75),
+}
+LIMITS = EngineLimits(max_num_seqs=16, task_slots=32, token_budget=16 * 1024)
+
+
+def fetch(
+    policy: QueueOrder,
+    backlog: dict[str, int],
+    n: int,
+    tiers: dict[str, TierPolicy] = TIERS,
+    queues: Sequence[str] = (INTER, BATCH),
+) -> list[str]:
+    """What n BRPOPs return: each asks the policy's order and pops the first non-empty queue."""
+    served = []
+    for _ in range(n):
+        asked = policy.order(list(queues), tiers)
+        queue = next((q for q in asked if backlog.get(q, 0) > 0), None)
+        if queue is None:
+            break
+        backlog[queue] -= 1
+        policy.served(queue, asked, tiers)
+        served.append(queue)
+    return served
+
+
+def test_weighted_order_interleaves_tiers_in_their_weight_ratio():
+    tiers = {INTER: TierPolicy("interactive", 0, 3), BATCH: TierPolicy("batch", 6, 1)}
+    served = fetch(WeightedOrder(), {INTER: 100, BATCH: 100}, 12, tiers)
+    assert served == [INTER, INTER, BATCH, INTER] * 3
+
+
+def test_default_weights_never_starve_batch_under_a_sustained_interactive_backlog():
+    served = fetch(WeightedOrder(), {INTER: 10_000, BATCH: 10_000}, 900)
+    assert Counter(served) == {INTER: 800, BATCH: 100}
+    # Not bursts: every 9 consecutive fetches hold exactly one batch request.
+    for start in range(0, 900 - 9):
+        assert served[start : start + 9].count(BATCH) == 1
+
+
+def test_an_idle_tier_banks_no_credit_and_the_busy_one_owes_none():
+    policy = WeightedOrder()
+    assert fetch(policy, {INTER: 0, BATCH: 50}, 50) == [BATCH] * 50  # batch alone: takes everything
+    # Interactive arrives: the ratio resumes at once, no burst either way.
+    served = fetch(policy, {INTER: 100, BATCH: 100}, 18)
+    assert Counter(served) == {INTER: 16, BATCH: 2}
+    assert served[:9].count(BATCH) == 1
+
+
+def test_weighted_order_drains_a_tier_left_alone():
+    served = fetch(WeightedOrder(), {INTER: 3, BATCH: 5}, 10)
+    assert Counter(served) == {INTER: 3, BATCH: 5}
+
+
+def test_strict_order_serves_lower_tiers_only_when_higher_ones_are_empty():
+    served = fetch(StrictOrder(), {INTER: 20, BATCH: 5}, 25, queues=(BATCH, INTER))
+    assert served == [INTER] * 20 + [BATCH] * 5
+
+
+def test_round_robin_takes_queues_in_turn_regardless_of_tier():
+    assert fetch(RoundRobinOrder(), {INTER: 3, BATCH: 3}, 6) == [INTER, BATCH] * 3
+
+
+def test_tier_caps_keep_headroom_of_the_engine_for_more_urgent_tiers():
+    assert tier_request_cap(0.75, LIMITS) == 12  # floor(0.75 × 16): 4 sequences stay free
+    assert tier_request_cap(1.0, LIMITS) == 32  # uncapped: every task slot
+    assert tier_request_cap(0.01, LIMITS) == 1  # a tier always progresses
+    assert tier_token_cap(0.75, LIMITS) == 12 * 1024
+    assert tier_token_cap(1.0, LIMITS) == 16 * 1024
+    assert default_token_budget(64, 1024) == 65_536
+
+
+def payload(request_id: str, prompt: str = "abcd" * 10, max_tokens: int = 20) -> TaskPayload:
+    return {
+        "request_id": request_id, "kind": "completion", "model": "sim", "prompt": prompt,
+        "messages": None, "params": {"max_tokens": max_tokens}, "priority": 0, "deadline_ts": 0.0,
+    }  # fmt: skip
+
+
+def test_estimated_tokens_are_prompt_bytes_per_token_plus_max_tokens():
+    assert estimated_tokens(payload("r", "abcd" * 10, 20), 4.0) == 10 + 20
+    chat = payload("c", "", 5)
+    chat["messages"] = [{"role": "user", "content": "abcdefgh"}, {"role": "system", "content": ""}]
+    assert estimated_tokens(chat, 4.0) == (2 + 4) + (0 + 4) + 5
+
+
+def test_budget_counts_requests_from_delivery_to_release():
+    budget = EngineBudget(LIMITS)
+    for i in range(11):
+        budget.hold(BATCH, f"b{i}", 100)
+    assert budget.admits(BATCH, 0.75)
+    budget.hold(BATCH, "b11", 100)
+    assert not budget.admits(BATCH, 0.75)  # 12 held: the cap
+    assert budget.admits(INTER, 1.0)
+    [hold] = budget.take(["b3"])
+    assert budget.take(["never-delivered"]) == [NO_HOLD]
+    hold.release()
+    hold.release()  # once only
+    assert budget.usage(BATCH).requests == 11 and budget.usage(BATCH).tokens == 1100
+    assert budget.admits(BATCH, 0.75)
+
+
+def test_token_budget_holds_back_every_tier_when_long_prompts_fill_it():
+    budget = EngineBudget(EngineLimits(max_num_seqs=16, task_slots=32, token_budget=10_000))
+    budget.hold(BATCH, "long-1", 4_000)
+    budget.hold(BATCH, "long-2", 4_000)
+    assert not budget.admits(BATCH, 0.75)  # 8000 ≥ 0.75 × 10 000: batch's share of the tokens
+    assert budget.admits(INTER, 1.0)  # only 2 requests: a count budget alone would admit 14 more
+    budget.hold(INTER, "long-3", 2_500)
+    assert not budget.admits(INTER, 1.0)  # 10 500 ≥ the whole budget
+    budget.take(["long-1"])[0].release()
+    assert budget.admits(INTER, 1.0) and budget.admits(BATCH, 0.75)  # 6500 held, batch 4000
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def call_soon(self, callback: Any) -> None:
+        self.calls += 1
+        callback()
+
+
+def dispatcher(mode: DispatchMode = DispatchMode.OURS, limits: EngineLimits = LIMITS) -> Dispatcher:
+    d = Dispatcher(mode, limits, bytes_per_token=4.0)
+    d.set_tiers(TIERS.values())
+    d._hub = FakeHub()
+    return d
+
+
+def test_dispatcher_leaves_a_capped_tier_out_and_wakes_the_loop_when_all_are_out():
+    d = dispatcher(limits=EngineLimits(max_num_seqs=4, task_slots=8, token_budget=100_000))
+    for i in range(3):
+        d.budget.hold(BATCH, f"b{i}", 10)
+    assert d.order([INTER, BATCH]) == [INTER]  # batch holds floor(0.75 × 4) = 3
+    assert d.held_back([INTER, BATCH])
+    for i in range(8):
+        d.budget.hold(INTER, f"i{i}", 10)
+    assert d.order([INTER, BATCH]) == []  # interactive holds every task slot too
+    d.budget.take(["b0"])[0].release()
+    assert d._hub.calls == 1  # nothing was being fetched: the loop must look again
+    assert d.order([INTER, BATCH]) == [BATCH]
+
+
+@pytest.mark.parametrize("mode", [DispatchMode.FIFO, DispatchMode.STRICT])
+def test_baselines_have_no_budget_but_task_slots(mode: DispatchMode):
+    d = dispatcher(mode)
+    for i in range(30):
+        d.budget.hold(BATCH, f"b{i}", 10_000)
+    assert sorted(d.order([INTER, BATCH])) == sorted([INTER, BATCH])
+
+
+def test_weight_changes_apply_to_the_next_fetch_without_a_restart():
+    d = dispatcher()
+    backlog = {INTER: 1000, BATCH: 1000}
+
+    def run(n: int) -> list[str]:
+        served = []
+        for _ in range(n):
+            queue = next(q for q in d.order([INTER, BATCH]) if backlog[q])
+            backlog[queue] -= 1
+            d.served(queue)
+            served.append(queue)
+        return served
+
+    assert Counter(run(9)) == {INTER: 8, BATCH: 1}
+    d.set_tiers([TierPolicy("interactive", 0, 8), TierPolicy("batch", 6, 8, 0.75)])
+    assert Counter(run(16)) == {INTER: 8, BATCH: 8}
+    assert d.fetched == {INTER: 16, BATCH: 9}
+
+
+def test_dispatcher_counts_a_published_message_by_its_requests(transactional_db: None):
+    from llmqueue.publisher import task_envelope
+    from llmqueue.tasks import GENERATE_TASK
+
+    assert queue_order.GENERATE_TASK == GENERATE_TASK
+    import json
+
+    args = [[payload("r1", "x" * 400, 100), payload("r2", "y" * 40, 10)]]
+    message = json.loads(task_envelope(GENERATE_TASK, "r1", BATCH, args, None, "(r1, r2)"))
+    d = dispatcher()
+    d.delivered(message, BATCH)
+    assert d.budget.usage(BATCH).requests == 2
+    assert d.budget.usage(BATCH).tokens == (100 + 100) + (10 + 10)
+    assert [h.request_id for h in d.budget.take(["r2", "r1"])] == ["r2", "r1"]
+
+
+def test_tier_cycle_is_kombus_round_robin_without_a_dispatcher_and_polls_fast_when_capped():
+    cycle = TierCycle()
+    cycle.update([INTER, BATCH])
+    queue_order.install(None)
+    assert cycle.consume(2) == [INTER, BATCH]
+    assert cycle.rotate(INTER) == INTER and cycle.consume(2) == [BATCH, INTER]
+    assert cycle.poll_timeout(1.0) == 1.0
+    d = dispatcher(limits=EngineLimits(max_num_seqs=4, task_slots=8, token_budget=100_000))
+    queue_order.install(d)
+    try:
+        assert cycle.consume(2) == [INTER, BATCH]
+        for i in range(3):
+            d.budget.hold(BATCH, f"b{i}", 10)
+        assert cycle.poll_timeout(1.0) == queue_order.HELD_BACK_POLL_SECONDS
+        assert cycle.consume(2) == [INTER]
+    finally:
+        queue_order.install(None)
+
+
+def test_workers_read_tier_settings_as_the_admin_saves_them(transactional_db: None):
+    from llmqueue.defaults import ensure_default_tiers
+    from llmqueue.models import Tier
+    from workers.tier_settings import load_tier_policies
+
+    ensure_default_tiers()
+    assert {t.name: t.weight for t in load_tier_policies()} == {"interactive": 8, "batch": 1}
+    Tier.objects.filter(name="batch").update(weight=4, max_engine_share=0.5)
+    batch = next(t for t in load_tier_policies() if t.name == "batch")
+    assert batch == TierPolicy("batch", priority=6, weight=4, max_engine_share=0.5)
+
+
+def test_shared_queue_puts_every_tier_of_a_pool_on_one_queue(transactional_db: None, settings):
+    from llmqueue.defaults import ensure_default_tiers
+    from llmqueue.routing import pool_queues, queue_name
+
+    ensure_default_tiers()
+    assert pool_queues("chat") == ["chat.interactive", "chat.batch"]
+    settings.LLMQUEUE_SHARED_QUEUE = True
+    assert queue_name("chat", "batch") == queue_name("chat", "interactive") == "chat.all-tiers"
+    assert pool_queues("chat") == ["chat.all-tiers"]

@@ -1,0 +1,178 @@
+"""The worker's dispatcher: the dispatch policy and the engine budget, plugged into kombu's BRPOP.
+
+kombu's Redis channel asks a "cycle" (broker_transport_options["queue_order_strategy"], a dotted
+path: project/settings.py names `TierCycle`) for the queue order of each BRPOP and tells it which
+queue delivered (DESIGN.md decision 3). So Celery stays in charge of fetching, acking and
+redelivery (Flower sees the same queues and workers); only the order changes, and a tier over its
+engine budget is left out of the BRPOP until a request of it is done. The channel's BRPOP
+timeout (`TierCycle.poll_timeout`) is short while a tier is left out, so it is asked again soon
+after it may be; and when every tier is left out, the release that frees one wakes the loop.
+llmqueue/broker.py also calls `Dispatcher.delivered` for every message before Celery sees it: the
+budget counts a request from delivery, before the next BRPOP is chosen.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from workers.dispatch import UNKNOWN_TIER, DispatchMode, TierPolicy, queue_order
+from workers.engine_budget import NO_HOLD, EngineBudget, EngineLimits, Hold, estimated_tokens
+
+log = logging.getLogger(__name__)
+
+GENERATE_TASK = "llmqueue.generate"  # llmqueue.tasks.GENERATE_TASK, without importing Django here
+# BRPOP timeout while a tier is left out for its budget: how late it may be asked again once a
+# request of it finished (an idle Redis round trip per poll, only while the worker is that busy).
+HELD_BACK_POLL_SECONDS = 0.05
+
+
+def _noop() -> None:
+    pass
+
+
+def queue_tier(queue: str) -> str:
+    """The tier of a (pool, tier) queue (llmqueue.routing.queue_name's inverse)."""
+    return queue.split(".", 1)[1] if "." in queue else queue
+
+
+class Dispatcher:
+    """One per worker process. `order`, `served` and `delivered` run on Celery's consumer thread;
+    `set_tiers` on the tier-settings thread; holds are released on task and engine threads."""
+
+    def __init__(self, mode: DispatchMode, limits: EngineLimits, bytes_per_token: float) -> None:
+        self.mode = mode
+        self.policy = queue_order(mode)
+        self.budget = EngineBudget(limits, on_release=self._wake)
+        # fifo and strict are the baselines: Celery's task slots are their only limit.
+        self.enforces_budget = mode is DispatchMode.OURS
+        self.bytes_per_token = bytes_per_token
+        self._tiers: dict[str, TierPolicy] = {}
+        self._asked: list[str] = []
+        self._idle = False
+        self._hub: Any = None
+        self.fetched: dict[str, int] = {}  # messages delivered per queue
+
+    def set_tiers(self, tiers: Iterable[TierPolicy]) -> None:
+        """Replace the tier settings (a whole new mapping: readers never see a half update)."""
+        self._tiers = {t.name: t for t in tiers}
+
+    def tier(self, queue: str) -> TierPolicy:
+        return self._tiers.get(queue_tier(queue), UNKNOWN_TIER)
+
+    def allowed(self, queues: Sequence[str]) -> list[str]:
+        """The queues whose tier is under its engine budget."""
+        if not self.enforces_budget:
+            return list(queues)
+        return [q for q in queues if self.budget.admits(q, self.tier(q).max_engine_share)]
+
+    def held_back(self, queues: Sequence[str]) -> bool:
+        return len(self.allowed(queues)) < len(queues)
+
+    def order(self, queues: Sequence[str]) -> list[str]:
+        if self._hub is None:
+            from kombu.asynchronous import get_event_loop
+
+            self._hub = get_event_loop()
+        self._idle = True  # before looking: a release while we look must still wake the loop
+        allowed = self.allowed(queues)
+        self._idle = not allowed
+        self._asked = self.policy.order(allowed, {q: self.tier(q) for q in allowed})
+        return self._asked
+
+    def served(self, queue: str) -> None:
+        self.fetched[queue] = self.fetched.get(queue, 0) + 1
+        self.policy.served(queue, self._asked, {q: self.tier(q) for q in self._asked})
+
+    def delivered(self, message: dict[str, Any], queue: str) -> None:
+        """Count a delivered message's requests against the budget of `queue`'s tier."""
+        if message.get("headers", {}).get("task") != GENERATE_TASK:
+            return
+        for payload in message_payloads(message):
+            tokens = estimated_tokens(payload, self.bytes_per_token)
+            self.budget.hold(queue, payload["request_id"], tokens)
+
+    def _wake(self) -> None:
+        # Every tier was left out, so no BRPOP is pending and Celery's loop may sleep for
+        # seconds: make it tick, and the next BRPOP asks the tier this release freed.
+        if self._idle and self._hub is not None:
+            self._hub.call_soon(_noop)
+
+
+def message_payloads(message: dict[str, Any]) -> list[Any]:
+    """The task payloads of a generate message as kombu's Redis channel delivers it."""
+    body: Any = message.get("body", "")
+    if message.get("properties", {}).get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    args = json.loads(body)[0]
+    return list(args[0]) if args else []
+
+
+_dispatcher: Dispatcher | None = None
+
+
+def install(dispatcher: Dispatcher | None) -> None:
+    """Make `dispatcher` this process's (workers.serve, before the Celery worker starts)."""
+    global _dispatcher
+    _dispatcher = dispatcher
+    from llmqueue import broker
+
+    broker.on_delivery(None if dispatcher is None else _on_delivery)
+
+
+def current() -> Dispatcher | None:
+    return _dispatcher
+
+
+def _on_delivery(message: dict[str, Any], queue: str) -> None:
+    dispatcher = _dispatcher
+    if dispatcher is None:
+        return
+    try:
+        dispatcher.delivered(message, queue)
+    except Exception:  # a message we cannot read still goes to Celery, which reports it
+        log.exception("could not count a message from %s against the engine budget", queue)
+
+
+def take_holds(request_ids: Sequence[str]) -> list[Hold]:
+    """The budget holds of requests a task is about to run (or drop): the caller releases them."""
+    dispatcher = _dispatcher
+    if dispatcher is None:
+        return [NO_HOLD] * len(request_ids)
+    return dispatcher.budget.take(request_ids)
+
+
+class TierCycle:
+    """kombu's queue-order strategy for this worker: delegates to the process's Dispatcher, and
+    behaves as kombu's round robin where there is none (the API, Flower, other Celery commands)."""
+
+    def __init__(self, it: Iterable[str] | None = None) -> None:
+        self.items: list[str] = list(it) if it is not None else []
+
+    def update(self, it: Iterable[str]) -> None:
+        self.items[:] = it
+
+    def consume(self, n: int) -> list[str]:
+        dispatcher = _dispatcher
+        if dispatcher is None:
+            return self.items[:n]
+        return dispatcher.order(self.items[:n])
+
+    def rotate(self, last_used: str) -> str:
+        dispatcher = _dispatcher
+        if dispatcher is None:
+            if last_used in self.items:
+                self.items.append(self.items.pop(self.items.index(last_used)))
+        else:
+            dispatcher.served(last_used)
+        return last_used
+
+    def poll_timeout(self, default: float) -> float:
+        """The next BRPOP's timeout: short while a queue is left out for its tier's budget."""
+        dispatcher = _dispatcher
+        if dispatcher is not None and dispatcher.held_back(self.items):
+            return min(default, HELD_BACK_POLL_SECONDS)
+        return default
