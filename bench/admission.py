@@ -193,7 +193,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--limit-rps", type=float, default=50.0, help="phase 3 tenant's rate")
     parser.add_argument("--limit-burst", type=int, default=20, help="phase 3 tenant's burst")
     parser.add_argument("--api-workers", type=int, default=2, help="granian processes")
-    parser.add_argument("--threads", type=int, default=2, help="granian blocking threads")
+    parser.add_argument("--threads", type=int, default=8, help="granian blocking threads")
     parser.add_argument("--redis-db", type=int, default=12, help="Redis db number, flushed")
     parser.add_argument(
         "--database-url", default=None, help="override $DATABASE_URL (postgres://… or sqlite:///…)"
