@@ -14,6 +14,7 @@ Token reservations are refunded, down to what a request really used, when its ou
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -23,6 +24,7 @@ from django.conf import settings
 
 from llmqueue import liveness, usage
 from llmqueue.auth import Caller
+from llmqueue.deadline_order import LUA_DEADLINES, WALK_LIMIT
 from llmqueue.errors import ApiError, InvalidParameter, Overloaded, RateLimited, Unavailable
 from llmqueue.invalidation import CONFIG_VERSION_KEY, note_config_version
 from llmqueue.redis_client import get_redis
@@ -38,7 +40,10 @@ NO_WORKER, QUEUE_FULL, TOO_SLOW, TENANT_SHARE = (
     "tenant_share",
 )
 
-_ADMIT = """
+_ADMIT = (
+    LUA_DEADLINES
+    + f"local WALK_LIMIT = {WALK_LIMIT}"
+    + """
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -72,8 +77,21 @@ end
 if ahead >= max_depth then
   return reject('queue_full', rate > 0 and (ahead - max_depth + 1) / rate or -1, rate, ahead)
 end
-if rate > 0 and ahead / rate > max_wait then
-  return reject('too_slow', ahead / rate - max_wait, rate, ahead)
+-- Only requests due no later than this one go before it (deadline order within the queue).
+local due = ahead
+local dl = tonumber(ARGV[12])
+if rate > 0 and dl and ahead > 0 then
+  local newest = redis.call('LINDEX', KEYS[3], 0)
+  if newest and deadline_of(newest) > dl then
+    local cap = math.min(math.floor(rate * max_wait) + 1, WALK_LIMIT)
+    local counted, later = due_first(KEYS[3], dl, cap)
+    if later or counted < WALK_LIMIT then
+      due = counted
+    end
+  end
+end
+if rate > 0 and due / rate > max_wait then
+  return reject('too_slow', due / rate - max_wait, rate, due)
 end
 local mine = tonumber(redis.call('GET', KEYS[8]) or '0')
 if mine >= tenant_depth then
@@ -109,6 +127,7 @@ redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 redis.call('EXPIRE', KEYS[6], usage_ttl)
 return {'', '0', version, tostring(rate), ahead}
 """
+)
 
 # KEYS[1] the tenant's token bucket; ARGV: now ('' = server time), tokens to give back.
 _REFUND = """
@@ -160,7 +179,8 @@ class Limits:
     tokens_per_minute: int
     max_queue_depth: int
     max_tier_share: float
-    max_wait_seconds: float
+    max_wait_seconds: float  # the request's own deadline window (its tier's max wait or tighter)
+    own_deadline: bool = False  # tighter than the tier's: only requests due first count ahead
 
 
 @dataclass(frozen=True)
@@ -210,6 +230,14 @@ def _now_arg(now: float | None) -> str:
     return "" if now is None else repr(now)
 
 
+def _deadline_arg(limits: Limits, now: float | None) -> str:
+    """The request's deadline (epoch seconds, this host's clock like the messages' deadlines)
+    when it is tighter than its tier's and deadline order is on; else '' (FIFO: all ahead)."""
+    if not (limits.own_deadline and settings.LLMQUEUE_EDF_WITHIN_TIER):
+        return ""
+    return repr((time.time() if now is None else now) + limits.max_wait_seconds)
+
+
 def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
     """Decide one request needing `tokens` (prompt estimate + max_tokens), atomically against
     every other replica. `now` (epoch seconds) is for tests; by default Redis' clock decides, so
@@ -237,6 +265,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         drain_tau_seconds(),
         usage.COUNTER_TTL_SECONDS,
         tenant_depth,
+        _deadline_arg(limits, now),
     ]
     reason, retry, version, rate, ahead = _scripts()["admit"](keys=keys, args=args)
     retry_after = float(retry)
@@ -278,7 +307,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def limits_for(caller: Caller, route: ModelRoute) -> Limits:
+def limits_for(caller: Caller, route: ModelRoute, deadline_seconds: float | None = None) -> Limits:
     return Limits(
         tenant_id=caller.tenant_id,
         tier_id=caller.tier_id,
@@ -289,7 +318,8 @@ def limits_for(caller: Caller, route: ModelRoute) -> Limits:
         tokens_per_minute=caller.tokens_per_minute,
         max_queue_depth=caller.max_queue_depth,
         max_tier_share=caller.max_tier_share,
-        max_wait_seconds=caller.max_wait_seconds,
+        max_wait_seconds=deadline_seconds or caller.max_wait_seconds,
+        own_deadline=deadline_seconds is not None,
     )
 
 
@@ -303,7 +333,7 @@ def admit_request(
 ) -> int:
     """Admit a validated request or raise 429/503 (or 422 when it can never fit the tenant's
     tokens per minute); returns the tokens it reserved."""
-    limits = limits_for(caller, route)
+    limits = limits_for(caller, route, spec.deadline_seconds)
     need = tokens_needed(spec)
     if need > limits.tokens_per_minute:
         raise InvalidParameter(

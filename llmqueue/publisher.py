@@ -1,11 +1,13 @@
-"""Publishing a generate task: Celery's own task message, pushed onto its queue in one LPUSH.
+"""Publishing a generate task: Celery's own task message, queued in one Redis round trip.
 
 `apply_async` spends ~0.8 ms of CPU per call here (producer pool, routing through the queue's
 direct exchange with an SMEMBERS round trip to read its bindings, a fresh Redis client per
 command, publish retries wrapped around it all) for what is, on the Redis transport, one LPUSH of
 a JSON envelope. That was 1.7 ms of the API's 6.6 ms per request under load (measured, traced).
 So the message is built by Celery (`amqp.as_task_v2`, the protocol-2 headers and body a worker
-expects) and wrapped the way kombu's Redis channel wraps it, then pushed with a persistent client.
+expects) and wrapped the way kombu's Redis channel wraps it, then queued with a persistent client:
+by its deadline (llmqueue/deadline_order.py: usually one LPUSH inside a script), or with a plain
+LPUSH when LLMQUEUE_EDF_WITHIN_TIER is off.
 tests/test_broker.py checks the envelope against what `apply_async` puts on the list, so a
 Celery or kombu upgrade that changes the format fails a test instead of stranding messages.
 
@@ -23,8 +25,10 @@ from functools import cache
 from typing import Any
 
 import redis
+from django.conf import settings
 from kombu.utils.json import dumps
 
+from llmqueue.deadline_order import insert_by_deadline, stamp
 from project.celery import app
 
 # Lists for message priorities 0-2 (kombu's Redis "priority steps"): every llmqueue message has
@@ -53,6 +57,7 @@ def task_envelope(
         # The header overrides the task's own setting on the worker, as apply_async sets it.
         ignore_result=app.tasks[task_name].ignore_result,
     )  # fmt: skip
+    stamp(message.headers, expires)
     body = dumps(message.body).encode("utf-8")
     return str(
         dumps(
@@ -89,18 +94,31 @@ def publish_tasks(task_name: str, messages: list[TaskMessage]) -> None:
     """Put task messages on their queues in one round trip, each queue's in the given order
     (LPUSH several values: a worker's BRPOP takes them oldest first). Raises redis.RedisError
     when the broker refuses them."""
-    by_queue: dict[str, list[str]] = {}
+    by_queue: dict[str, list[tuple[datetime | None, str]]] = {}
     for m in messages:
         envelope = task_envelope(task_name, m.task_id, m.queue, m.args, m.expires, m.argsrepr)
-        by_queue.setdefault(m.queue, []).append(envelope)
+        by_queue.setdefault(m.queue, []).append((m.expires, envelope))
+    client = _broker()
     if len(by_queue) == 1:  # an API call's one message: a pipeline would only add cost
         [(queue, envelopes)] = by_queue.items()
-        _broker().lpush(queue, *envelopes)
+        _push(client, client, queue, envelopes)
         return
-    pipe = _broker().pipeline(transaction=False)
+    pipe = client.pipeline(transaction=False)
     for queue, envelopes in by_queue.items():
-        pipe.lpush(queue, *envelopes)
+        _push(pipe, client, queue, envelopes)
     pipe.execute()
+
+
+def _push(
+    target: redis.Redis | redis.client.Pipeline,
+    client: redis.Redis,
+    queue: str,
+    envelopes: list[tuple[datetime | None, str]],
+) -> None:
+    if settings.LLMQUEUE_EDF_WITHIN_TIER:
+        insert_by_deadline(target, queue, envelopes, client)
+    else:
+        target.lpush(queue, *(envelope for _, envelope in envelopes))
 
 
 def publish_task(
@@ -112,4 +130,5 @@ def publish_task(
     argsrepr: str = "()",
 ) -> None:
     """Put one task message on `queue`; raises redis.RedisError when the broker refuses it."""
-    _broker().lpush(queue, task_envelope(task_name, task_id, queue, args, expires, argsrepr))
+    envelope = task_envelope(task_name, task_id, queue, args, expires, argsrepr)
+    _push(_broker(), _broker(), queue, [(expires, envelope)])

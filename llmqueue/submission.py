@@ -103,8 +103,13 @@ def new_request(
         messages=spec.messages,
         params=spec.params,
         enqueued_at=now,
-        deadline_at=now + timedelta(seconds=caller.max_wait_seconds),
+        deadline_at=now + timedelta(seconds=wait_seconds(spec, caller)),
     )
+
+
+def wait_seconds(spec: PromptSpec, caller: Caller) -> float:
+    """How long the request may wait for an engine: its own deadline, or its tier's max wait."""
+    return spec.deadline_seconds or float(caller.max_wait_seconds)
 
 
 def submit_prompts(

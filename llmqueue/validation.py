@@ -30,6 +30,7 @@ _SAMPLING_FIELDS = {
     "min_tokens",
     "ignore_eos",
     "background",
+    "deadline_seconds",
 }
 COMPLETION_FIELDS = frozenset(_SAMPLING_FIELDS | {"model", "prompt"})
 CHAT_FIELDS = frozenset(_SAMPLING_FIELDS | {"model", "messages", "max_completion_tokens"})
@@ -48,6 +49,8 @@ class PromptSpec:
     params: dict[str, Any]
     estimated_prompt_tokens: int
     background: bool
+    # A tighter deadline than the tier's max wait, in seconds from submission (None: the tier's).
+    deadline_seconds: float | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -176,6 +179,28 @@ def wants_background(body: dict[str, Any], header: str | None) -> bool:
     return bool(flag) or (header or "").strip().lower() in {"1", "true", "yes"}
 
 
+def deadline_seconds(body: dict[str, Any], header: str | None, caller: Caller) -> float | None:
+    """A per-request deadline: body `"deadline_seconds": 2.5` or header
+    `X-LLMQueue-Deadline-Seconds: 2.5`; at most the tier's max wait (None: the tier's)."""
+    value = _typed(body, "deadline_seconds", (int, float), "a number")
+    if value is None and header is not None:
+        try:
+            value = float(header)
+        except ValueError:
+            raise BadRequest(
+                "Header X-LLMQueue-Deadline-Seconds must be a number.", param="deadline_seconds"
+            ) from None
+    if value is None:
+        return None
+    if not 0 < value <= caller.max_wait_seconds or math.isnan(value):
+        raise InvalidParameter(
+            f"'deadline_seconds' must be above 0 and at most tier {caller.tier_name!r}'s max "
+            f"wait of {caller.max_wait_seconds} s.",
+            param="deadline_seconds",
+        )
+    return float(value)
+
+
 def model_name(body: dict[str, Any]) -> str:
     name = _typed(body, "model", (str,), "a string")
     if not name:
@@ -184,7 +209,11 @@ def model_name(body: dict[str, Any]) -> str:
 
 
 def parse_completion(
-    body: dict[str, Any], caller: Caller, route: ModelRoute, background_header: str | None
+    body: dict[str, Any],
+    caller: Caller,
+    route: ModelRoute,
+    background_header: str | None,
+    deadline_header: str | None = None,
 ) -> PromptSpec:
     _reject_unknown(body, COMPLETION_FIELDS)
     prompt = body.get("prompt")
@@ -207,6 +236,7 @@ def parse_completion(
         params,
         tokens,
         wants_background(body, background_header),
+        deadline_seconds(body, deadline_header, caller),
     )
 
 
@@ -247,7 +277,11 @@ def parse_messages(raw: Any) -> list[dict[str, str]]:
 
 
 def parse_chat(
-    body: dict[str, Any], caller: Caller, route: ModelRoute, background_header: str | None
+    body: dict[str, Any],
+    caller: Caller,
+    route: ModelRoute,
+    background_header: str | None,
+    deadline_header: str | None = None,
 ) -> PromptSpec:
     _reject_unknown(body, CHAT_FIELDS)
     messages = parse_messages(body.get("messages"))
@@ -259,5 +293,12 @@ def parse_chat(
     tokens = sum(estimate_tokens(m["content"]) + 4 for m in messages)
     _check_context(tokens, params, route)
     return PromptSpec(
-        "chat", route.name, "", messages, params, tokens, wants_background(body, background_header)
+        "chat",
+        route.name,
+        "",
+        messages,
+        params,
+        tokens,
+        wants_background(body, background_header),
+        deadline_seconds(body, deadline_header, caller),
     )

@@ -31,11 +31,12 @@ from llmqueue.models import PromptRequest
 from llmqueue.responses import completion_body, models_body, request_body
 from llmqueue.results import Outcome, wait_for_outcome
 from llmqueue.routing import live_models, resolve_model
-from llmqueue.submission import submit_prompt
+from llmqueue.submission import submit_prompt, wait_seconds
 
 log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-LLMQueue-Request-Id"
 BACKGROUND_HEADER = "X-LLMQueue-Background"
+DEADLINE_HEADER = "X-LLMQueue-Deadline-Seconds"
 
 View = Callable[..., HttpResponse]
 
@@ -88,13 +89,19 @@ def _serve_prompt(
     caller: Caller = authenticate(request)
     body = validation.parse_json_object(request.body)
     route = resolve_model(validation.model_name(body))
-    spec = parse(body, caller, route, request.headers.get(BACKGROUND_HEADER))
+    spec = parse(
+        body,
+        caller,
+        route,
+        request.headers.get(BACKGROUND_HEADER),
+        request.headers.get(DEADLINE_HEADER),
+    )
     reserved = admit_request(caller, route, spec)
     row = submit_prompt(caller, route, spec, reserved_tokens=reserved)
     if spec.background:
         return JsonResponse(request_body(row), status=202, headers={REQUEST_ID_HEADER: str(row.id)})
     try:
-        outcome = wait_for_outcome(str(row.id), caller.max_wait_seconds)
+        outcome = wait_for_outcome(str(row.id), wait_seconds(spec, caller))
     except redis.RedisError as exc:  # the request is queued: say which, so it can be polled
         raise Unavailable(
             f"Lost the queue while waiting for request {row.id}; it stays queued: "
@@ -102,7 +109,7 @@ def _serve_prompt(
             retry_after_seconds=5,
             headers={REQUEST_ID_HEADER: str(row.id)},
         ) from exc
-    return _respond_with_outcome(row, outcome, caller.max_wait_seconds)
+    return _respond_with_outcome(row, outcome, wait_seconds(spec, caller))
 
 
 @api_endpoint("POST")

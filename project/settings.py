@@ -165,6 +165,10 @@ tell their callers), however deep their messages are in a queue (`--dispatch our
 LLMQUEUE_TYPICAL_REQUEST_TOKENS = env.int("LLMQUEUE_TYPICAL_REQUEST_TOKENS", default=1024)
 """Tokens (prompt + max_tokens) of a typical request: a worker's default token budget is
 max_num_seqs × this (`--token-budget` overrides it)."""
+LLMQUEUE_EDF_WITHIN_TIER = env.bool("LLMQUEUE_EDF_WITHIN_TIER", default=True)
+"""Queue a request with a tighter deadline than its tier's ahead of the requests due later
+(earliest deadline first within a tier's queue; llmqueue/deadline_order.py), and judge its wait
+by the requests due before it. false: plain FIFO within a tier (the comparison baseline)."""
 LLMQUEUE_SHARED_QUEUE = env.bool("LLMQUEUE_SHARED_QUEUE", default=False)
 """Publish every tier of a pool to one queue (`<pool>.all-tiers`) instead of one per tier: the
 arrival-order baseline for `--dispatch fifo`. Must be the same on API and workers; each tier's

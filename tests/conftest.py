@@ -49,6 +49,16 @@ def clean_redis(redis_client: redis.Redis) -> Iterator[redis.Redis]:
     redis_client.flushdb()
 
 
+T0 = 1_800_000_000.0  # a fixed epoch second, so a test's clock is exact
+
+
+@pytest.fixture
+def live(clean_redis: redis.Redis) -> redis.Redis:
+    """Redis with a worker of pool "default" alive until T0 + 1 h (admission's clock in tests)."""
+    liveness.beat(clean_redis, "default", "w1", now=T0 + 3600)
+    return clean_redis
+
+
 @dataclass
 class Seeded:
     key: str

@@ -15,9 +15,8 @@ from llmqueue import accounting, admission, liveness, usage
 from llmqueue.admission import Decision, Limits
 from llmqueue.lifecycle import Ended
 from llmqueue.models import TenantUsage
-from tests.conftest import Seeded
+from tests.conftest import T0, Seeded
 
-T0 = 1_800_000_000.0  # a fixed epoch second, so every test's clock is exact
 QUEUE = "default.interactive"
 
 
@@ -35,12 +34,6 @@ def limits(**changes: float) -> Limits:
         "max_wait_seconds": 30.0,
     }
     return Limits(**{**base, **changes})  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def live(clean_redis: redis.Redis) -> redis.Redis:
-    liveness.beat(clean_redis, "default", "w1", now=T0 + 3600)
-    return clean_redis
 
 
 def admit(lim: Limits, tokens: int, at: float) -> Decision:

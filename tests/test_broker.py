@@ -14,6 +14,7 @@ from celery import states
 from celery.result import AsyncResult
 
 from llmqueue.broker import Channel
+from llmqueue.deadline_order import DEADLINE_HEADER
 from llmqueue.publisher import publish_task
 from llmqueue.result_backend import LeanRedisBackend
 from llmqueue.tasks import GENERATE_TASK, generate
@@ -37,8 +38,10 @@ def test_published_message_is_the_one_apply_async_sends(clean_redis: redis.Redis
         kwargsrepr="{}",
     )  # fmt: skip
     publish_task(GENERATE_TASK, "same-id", QUEUE, args, expires=expires, argsrepr="(r-1)")
-    theirs, ours = pop_envelope(clean_redis), pop_envelope(clean_redis)
+    # Ours carries its deadline, so it is queued ahead of apply_async's, which has none.
+    ours, theirs = pop_envelope(clean_redis), pop_envelope(clean_redis)
     assert clean_redis.llen(QUEUE) == 0
+    assert ours["headers"].pop(DEADLINE_HEADER) == expires.timestamp()
 
     assert ours["headers"].pop("origin") and theirs["headers"].pop("origin")
     assert ours["headers"] == theirs["headers"]
