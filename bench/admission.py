@@ -421,10 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.exit_on_sigterm()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     result = measure(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    print(report(result))
+    harness.write_result(args.out, result, report(result))
     return 0 if result["valid"] else 1
 
 

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,11 +189,24 @@ def run_one(
     args: argparse.Namespace, edf: bool, urgent_share: float, rate: float, seed: int
 ) -> dict[str, Any]:
     """One scenario under one ordering, on a fresh DB and Redis db, its own API and worker."""
+    with serving(args, LLMQUEUE_EDF_WITHIN_TIER=str(edf).lower()) as (env, port, key):
+        sent = asyncio.run(
+            poisson_arrivals(
+                port, key, rate, args.seconds, urgent_share, args.urgent_deadline, seed
+            )
+        )
+        admitted = sum(s.status == 202 for s in sent)
+        return summarise(sent, wait_until_settled(env, admitted, TIER_WAIT_S + 60))
+
+
+@contextmanager
+def serving(args: argparse.Namespace, **settings: str) -> Iterator[tuple[dict[str, str], int, str]]:
+    """A fresh DB and Redis db, one simulated worker and the API: (environment, port, API key)."""
     redis = harness.redis_url(args.redis_db)
     database = harness.sqlite_database()
     harness.flush_redis(redis)
     try:
-        env = harness.bench_env(database, redis, LLMQUEUE_EDF_WITHIN_TIER=str(edf).lower())
+        env = harness.bench_env(database, redis, **settings)
         harness.migrate(env)
         key = seed_tenant(env)
         port = harness.free_port()
@@ -205,13 +220,7 @@ def run_one(
             started.append(harness.start_process("api", api.argv(HOST, port), env, None))
             harness.wait_for_workers(redis, POOL, 1, started)
             harness.wait_for_http(HOST, port, started[-1])
-            sent = asyncio.run(
-                poisson_arrivals(port, key, rate, args.seconds, urgent_share, args.urgent_deadline,
-                                 seed)
-            )  # fmt: skip
-            admitted = sum(s.status == 202 for s in sent)
-            found = wait_until_settled(env, admitted, TIER_WAIT_S + 60)
-        return summarise(sent, found)
+            yield env, port, key
     finally:
         harness.flush_redis(redis)
         database.cleanup()
@@ -227,39 +236,19 @@ def seed_tenant(env: dict[str, str]) -> str:
 def capacity(args: argparse.Namespace) -> float:
     """Requests per second the engine completes with a standing backlog (relaxed requests only,
     the same length as the scenarios')."""
-    redis = harness.redis_url(args.redis_db)
-    database = harness.sqlite_database()
-    harness.flush_redis(redis)
-    try:
-        env = harness.bench_env(database, redis)
-        harness.migrate(env)
-        key = seed_tenant(env)
-        port = harness.free_port()
-        with harness.children() as started:
-            worker = harness.worker_argv(
-                model=MODEL, pool=POOL, time_scale=1.0, max_num_seqs=args.max_num_seqs,
-                slots=2 * args.max_num_seqs,
-            )  # fmt: skip
-            started.append(harness.start_process("worker", worker, env, None))
-            api = harness.ApiServer("granian", workers=1, threads=8)
-            started.append(harness.start_process("api", api.argv(HOST, port), env, None))
-            harness.wait_for_workers(redis, POOL, 1, started)
-            harness.wait_for_http(HOST, port, started[-1])
-            backlog = 12 * args.max_num_seqs
+    with serving(args) as (env, port, key):
+        backlog = 12 * args.max_num_seqs
 
-            async def flood() -> None:
-                request = _request(port, key, None)
-                await asyncio.gather(*(_exchange(port, request) for _ in range(backlog)))
+        async def flood() -> None:
+            request = _request(port, key, None)
+            await asyncio.gather(*(_exchange(port, request) for _ in range(backlog)))
 
-            asyncio.run(flood())
-            found = wait_until_settled(env, backlog, 120)
-        finished = sorted(r["finished"] for r in found.values() if r["finished"] is not None)
-        # Skip the first engine-full of requests: they started together with an empty engine.
-        steady = finished[args.max_num_seqs :]
-        return (len(steady) - 1) / (steady[-1] - steady[0])
-    finally:
-        harness.flush_redis(redis)
-        database.cleanup()
+        asyncio.run(flood())
+        found = wait_until_settled(env, backlog, 120)
+    finished = sorted(r["finished"] for r in found.values() if r["finished"] is not None)
+    # Skip the first engine-full of requests: they started together with an empty engine.
+    steady = finished[args.max_num_seqs :]
+    return (len(steady) - 1) / (steady[-1] - steady[0])
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -321,10 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": "simulated, 8B on H100 step-time model, time scale 1",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    print(report(result))
+    harness.write_result(args.out, result, report(result))
     return 0
 
 

@@ -218,6 +218,14 @@ def _seed_main(spec_json: str) -> None:
     print(json.dumps(keys))
 
 
+def write_result(path: Path, result: dict[str, Any], report: str) -> None:
+    """Write a benchmark's result as JSON to `path`, then print it and its human report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(report)
+
+
 # --- child processes ---------------------------------------------------------------------------
 @dataclass
 class Child:

@@ -40,15 +40,21 @@ NO_WORKER, QUEUE_FULL, TOO_SLOW, TENANT_SHARE = (
     "tenant_share",
 )
 
-_ADMIT = (
-    LUA_DEADLINES
-    + f"local WALK_LIMIT = {WALK_LIMIT}"
-    + """
+# Lua: the decision's clock, ARGV[1] when a test gives one, else Redis' own (one timeline for every
+# replica whatever their clocks).
+_LUA_NOW = """
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
+"""
+
+_ADMIT = (
+    LUA_DEADLINES
+    + f"local WALK_LIMIT = {WALK_LIMIT}"
+    + _LUA_NOW
+    + """
 local rps, burst = tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpm, need = tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_depth, max_wait = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -130,15 +136,12 @@ return {'', '0', version, tostring(rate), ahead}
 )
 
 # KEYS[1] the tenant's token bucket; ARGV: now ('' = server time), tokens to give back.
-_REFUND = """
+_REFUND = (
+    _LUA_NOW
+    + """
 local t = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'cap')
 if not t[1] then
   return 0  -- no bucket: it would have refilled to full by now
-end
-local now = tonumber(ARGV[1])
-if not now then
-  local s = redis.call('TIME')
-  now = tonumber(s[1]) + tonumber(s[2]) / 1000000
 end
 local cap, ts = tonumber(t[3]), tonumber(t[2])
 now = math.max(now, ts)  -- never move the bucket's clock back (a replica's clock behind)
@@ -147,14 +150,12 @@ tokens = math.min(cap, tokens + tonumber(ARGV[2]))
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
 return 1
 """
+)
 
 # KEYS[1] a queue's drain hash; ARGV: now ('' = server time), requests claimed, tau seconds.
-_DRAIN = """
-local now = tonumber(ARGV[1])
-if not now then
-  local s = redis.call('TIME')
-  now = tonumber(s[1]) + tonumber(s[2]) / 1000000
-end
+_DRAIN = (
+    _LUA_NOW
+    + """
 local d = redis.call('HMGET', KEYS[1], 'count', 'ts')
 local count = 0
 if d[1] then
@@ -164,6 +165,7 @@ redis.call('HSET', KEYS[1], 'count', tostring(count + tonumber(ARGV[2])), 'ts', 
 redis.call('EXPIRE', KEYS[1], math.ceil(10 * tonumber(ARGV[3])))
 return 1
 """
+)
 
 
 @dataclass(frozen=True)
