@@ -125,7 +125,7 @@ def test_a_worker_logs_its_engine_steps_when_asked(
     [request] = submit(seeded.key, 1, max_tokens=4)
     wait_until(lambda: PromptRequest.objects.get(id=request).status == S.SUCCEEDED, 30, "it")
     row = PromptRequest.objects.get(id=request)
-    ends = [float(line.split()[1]) for line in path.read_text().splitlines()]
+    ends = [float(line.split()[2]) for line in path.read_text().splitlines()]
     assert len(ends) == 4  # one line per step: 4 tokens, one step each
     assert row.first_token_at is not None
     assert row.first_token_at.timestamp() == pytest.approx(ends[0], abs=1e-6)

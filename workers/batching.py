@@ -67,9 +67,10 @@ class ContinuousEngine:
 
     def log_steps(self, path: str) -> None:
         """From now on append one line per engine step to `path`: the step's number and the
-        wall-clock time it ended (time.time(), the clock of `first_token_at`), so a benchmark can
-        count the steps between two instants (bench/headroom.py). Line-buffered: readable while
-        the worker runs, and a killed worker loses no finished line. Off unless called."""
+        wall-clock times it started and ended (time.time(), the clock of `first_token_at`), so a
+        benchmark can count the steps between two instants (bench/headroom.py). Line-buffered:
+        readable while the worker runs, and a killed worker loses no finished line. Off unless
+        called."""
         self._step_log = open(path, "a", buffering=1, encoding="ascii")  # noqa: SIM115
 
     def close(self) -> None:
@@ -133,6 +134,7 @@ class ContinuousEngine:
         while self._take_arrivals(block=not self._has_work()):
             if not self._has_work():
                 continue
+            started = 0.0 if self._step_log is None else time.time()
             try:
                 finished = self._step()
             except Exception as exc:
@@ -143,7 +145,7 @@ class ContinuousEngine:
             ended = time.time()
             self._step_ended[self.steps % _STEP_CLOCK_SIZE] = ended
             if self._step_log is not None:
-                self._step_log.write(f"{self.steps} {ended:.6f}\n")
+                self._step_log.write(f"{self.steps} {started:.6f} {ended:.6f}\n")
             for result in finished:
                 future = self._futures.pop(result.request_id, None)
                 if future is not None:

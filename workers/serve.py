@@ -5,7 +5,8 @@ Run by `manage.py runworkers` (one process per GPU), or directly:
 The worker takes its tier queues in the order of `--dispatch` (fifo, strict, ours: see
 workers/dispatch.py) and holds at most its engine budget (workers/engine_budget.py).
 A worker whose engine cannot load exits with status 3 and a one-line reason, before it consumes.
-`--step-log PATH` (off by default) appends each engine step's end time to PATH for benchmarks.
+`--step-log PATH` (off by default) appends each engine step's start and end time to PATH, for
+benchmarks.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--step-log",
         default="",
         metavar="PATH",
-        help="append each engine step's number and end time (epoch seconds) to PATH, one line "
-        "per step, for benchmarks that count steps (bench/headroom.py); default: off",
+        help="append each engine step's number, start and end time (epoch seconds) to PATH, one "
+        "line per step, for benchmarks that count steps (bench/headroom.py); default: off",
     )
     return parser.parse_args(argv)
 
