@@ -1,7 +1,7 @@
 """Interactive headroom on the real engine: how many engine steps an interactive request waits
 while a bulk backlog saturates the engine.
 
-    .venv/bin/python -m bench.headroom [--max-num-seqs 16 --slots 64 --bulk 300]
+    .venv/bin/python -m bench.headroom [--max-num-seqs 16 --slots 64 --bulk 1500]
                                        [--interactive 60 --gap-ms 20,60]
                                        [--phases vllm_alone,queue,queue_no_headroom]
 
@@ -127,10 +127,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def step_ms_p50(steps: Steps, start: float, end: float) -> float:
-    """Median step duration (end to end) between two instants: the engine's pace meanwhile."""
+def step_ms(steps: Steps, start: float, end: float) -> dict[str, float]:
+    """Step durations (end to end) between two instants: the engine's pace meanwhile, and its
+    longest stall (a wait of few steps can still be long in milliseconds)."""
     inside = [t for t in steps.ends if start <= t <= end]
-    return statistics.median(b - a for a, b in itertools.pairwise(inside)) * 1000
+    durations = [(b - a) * 1000 for a, b in itertools.pairwise(inside)]
+    return {
+        "step_ms_p50": round(statistics.median(durations), 3),
+        "step_ms_p99": round(percentile(durations, 99), 3),
+        "step_ms_max": round(max(durations), 3),
+    }
 
 
 def histogram(values: Sequence[int]) -> dict[str, int]:
@@ -167,9 +173,7 @@ def summarise(samples: Sequence[Sample], steps: Steps) -> dict[str, Any]:
         "steps_ended_after_publish_histogram": histogram(strict),
         "p50_wait_ms": round(percentile(waits_ms, 50), 2),
         "p99_wait_ms": round(percentile(waits_ms, 99), 2),
-        "step_ms_p50": round(
-            step_ms_p50(steps, samples[0].published, samples[-1].first_token_at), 3
-        ),
+        **step_ms(steps, samples[0].published, samples[-1].first_token_at),
         **claim_split(samples, steps),
     }
 
@@ -441,7 +445,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--slots", type=int, default=64, help="worker task slots (plenty: the budget caps batch)"
     )
-    parser.add_argument("--bulk", type=int, default=300, help="bulk (batch tier) requests")
+    parser.add_argument("--bulk", type=int, default=1500, help="bulk (batch tier) requests")
     parser.add_argument(
         "--bulk-tokens", type=int_pair, default=(128, 384), help="bulk output length range"
     )
