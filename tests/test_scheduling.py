@@ -115,3 +115,17 @@ def test_an_expired_request_deep_in_the_queue_is_swept_on_time_and_never_generat
     assert (row.status, row.attempts, row.started_at, row.output_text) == (S.EXPIRED, 0, None, "")
     usage.flush(clean_redis)
     assert sum(TenantUsage.objects.values_list("expired", flat=True)) == 1
+
+
+def test_a_worker_logs_its_engine_steps_when_asked(
+    seeded: Seeded, start_worker: WorkerFactory, tmp_path
+):
+    path = tmp_path / "steps.log"
+    start_worker("default", *SIMULATED, "--sim-time-scale", "0", "--step-log", str(path))
+    [request] = submit(seeded.key, 1, max_tokens=4)
+    wait_until(lambda: PromptRequest.objects.get(id=request).status == S.SUCCEEDED, 30, "it")
+    row = PromptRequest.objects.get(id=request)
+    ends = [float(line.split()[2]) for line in path.read_text().splitlines()]
+    assert len(ends) == 4  # one line per step: 4 tokens, one step each
+    assert row.first_token_at is not None
+    assert row.first_token_at.timestamp() == pytest.approx(ends[0], abs=1e-6)

@@ -75,3 +75,25 @@ def test_results_say_when_their_first_token_came():
     assert result.first_token_at is not None
     assert before <= result.first_token_at <= time.time()
     assert result.finished_step - result.first_token_step == 4
+
+
+def test_the_step_log_has_every_step_and_its_end_time_only_when_asked(tmp_path):
+    quiet = SimulatedEngine(SimulatedConfig(max_num_seqs=2, step_time=StepTimeModel(time_scale=0)))
+    logged = SimulatedEngine(SimulatedConfig(max_num_seqs=2, step_time=StepTimeModel(time_scale=0)))
+    path = tmp_path / "steps.log"
+    logged.log_steps(str(path))
+    try:
+        for engine in (quiet, logged):
+            engine.submit(GenerationRequest("r", prompt="abcd", max_tokens=5)).result(10)
+        result = logged.submit(GenerationRequest("s", prompt="abcd", max_tokens=3)).result(10)
+    finally:
+        quiet.close()
+        logged.close()
+    assert quiet._step_log is None
+    lines = [line.split() for line in path.read_text().splitlines()]
+    assert [int(number) for number, _, _ in lines] == list(range(1, logged.steps + 1))
+    times = [float(t) for _, started, ended in lines for t in (started, ended)]
+    assert times == sorted(times)  # each step starts after the previous one ended
+    ends = times[1::2]
+    # A result's first_token_at is the logged end of its first token's step.
+    assert result.first_token_at == pytest.approx(ends[result.first_token_step - 1], abs=1e-6)

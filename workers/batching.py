@@ -9,7 +9,7 @@ import threading
 import time
 from array import array
 from concurrent.futures import Future
-from typing import Any
+from typing import IO, Any
 
 from workers.engine import GenerationRequest, GenerationResult
 
@@ -40,6 +40,7 @@ class ContinuousEngine:
         self.finished = 0
         self._closed = threading.Event()
         self._step_ended = array("d", bytes(8 * _STEP_CLOCK_SIZE))
+        self._step_log: IO[str] | None = None
         self._opened: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -64,10 +65,20 @@ class ContinuousEngine:
             "in_engine": len(self._futures),
         }
 
+    def log_steps(self, path: str) -> None:
+        """From now on append one line per engine step to `path`: the step's number and the
+        wall-clock times it started and ended (time.time(), the clock of `first_token_at`), so a
+        benchmark can count the steps between two instants (bench/headroom.py). Line-buffered:
+        readable while the worker runs, and a killed worker loses no finished line. Off unless
+        called."""
+        self._step_log = open(path, "a", buffering=1, encoding="ascii")  # noqa: SIM115
+
     def close(self) -> None:
         self._closed.set()
         self._inbox.put(None)
         self._thread.join(timeout=10)
+        if self._step_log is not None:
+            self._step_log.close()
 
     # --- subclass hooks ---------------------------------------------------------------------
     def _open(self) -> None:
@@ -123,6 +134,7 @@ class ContinuousEngine:
         while self._take_arrivals(block=not self._has_work()):
             if not self._has_work():
                 continue
+            started = 0.0 if self._step_log is None else time.time()
             try:
                 finished = self._step()
             except Exception as exc:
@@ -130,7 +142,10 @@ class ContinuousEngine:
                 self._fail_all(exc)
                 continue
             self.steps += 1
-            self._step_ended[self.steps % _STEP_CLOCK_SIZE] = time.time()
+            ended = time.time()
+            self._step_ended[self.steps % _STEP_CLOCK_SIZE] = ended
+            if self._step_log is not None:
+                self._step_log.write(f"{self.steps} {started:.6f} {ended:.6f}\n")
             for result in finished:
                 future = self._futures.pop(result.request_id, None)
                 if future is not None:

@@ -5,6 +5,8 @@ Run by `manage.py runworkers` (one process per GPU), or directly:
 The worker takes its tier queues in the order of `--dispatch` (fifo, strict, ours: see
 workers/dispatch.py) and holds at most its engine budget (workers/engine_budget.py).
 A worker whose engine cannot load exits with status 3 and a one-line reason, before it consumes.
+`--step-log PATH` (off by default) appends each engine step's start and end time to PATH, for
+benchmarks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import sys
 from typing import Any
 
 from workers import runtime
+from workers.batching import ContinuousEngine
 from workers.dispatch import DispatchMode
+from workers.engine import Engine
 from workers.options import (
     add_engine_arguments,
     add_slot_arguments,
@@ -34,6 +38,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_slot_arguments(parser)
     parser.add_argument("--queues", default="", help="comma-separated queues (default: the pool's)")
     parser.add_argument("--node-name", default="", help="Celery node name (default pool@host)")
+    parser.add_argument(
+        "--step-log",
+        default="",
+        metavar="PATH",
+        help="append each engine step's number, start and end time (epoch seconds) to PATH, one "
+        "line per step, for benchmarks that count steps (bench/headroom.py); default: off",
+    )
     return parser.parse_args(argv)
 
 
@@ -127,6 +138,13 @@ def _start_dispatcher(
             job.stop()
 
 
+def log_engine_steps(engine: Engine, path: str) -> None:
+    """--step-log: both engine adapters run the continuous-batching loop, which keeps the log."""
+    if not isinstance(engine, ContinuousEngine):
+        raise TypeError(f"{type(engine).__name__} has no engine loop to log the steps of")
+    engine.log_steps(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     engine_opts, slot_opts = engine_options(args), slot_options(args)
@@ -151,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return ENGINE_LOAD_FAILED
+    if args.step_log:
+        log_engine_steps(engine, args.step_log)
     runtime.install(engine)
     slots = task_slots(slot_opts.slots, engine_opts.max_num_seqs)
     _start_dispatcher(
