@@ -89,10 +89,15 @@ local dl = tonumber(ARGV[12])
 if rate > 0 and dl and ahead > 0 then
   local newest = redis.call('LINDEX', KEYS[3], 0)
   if newest and deadline_of(newest) > dl then
-    local cap = math.min(math.floor(rate * max_wait) + 1, WALK_LIMIT)
-    local counted, later = due_first(KEYS[3], dl, cap)
-    if later or counted < WALK_LIMIT then
-      due = counted
+    -- Past `need` due first it is too slow anyway; past WALK_LIMIT the FIFO estimate stands.
+    local need = math.floor(rate * max_wait) + 1
+    local side, n = boundary(KEYS[3], dl, math.min(need, WALK_LIMIT))
+    if side == 'tail' then
+      due = n
+    elseif side == 'head' then
+      due = ahead - n
+    elseif need <= WALK_LIMIT then
+      due = need
     end
   end
 end

@@ -9,10 +9,9 @@ point: order a group by slack, judge the wait by the group's measured drain rate
 
 The queue stays a plain Redis list that Celery's consumer BRPOPs from its tail. The common case
 (a deadline no earlier than the newest message's) is one LINDEX and an LPUSH. An earlier deadline
-walks from the tail (the most urgent end) past the messages due first, so an urgent request pays
-for the few ahead of it, not for the whole backlog; past WALK_LIMIT messages it walks from the
-head instead, and past that as well it is queued at the back (plain FIFO: never ahead of a
-request due earlier).
+walks from both ends to its place, paying for the shorter distance; more than WALK_LIMIT
+messages from both ends, it is queued at the back (plain FIFO: never ahead of a request due
+earlier).
 """
 
 from __future__ import annotations
@@ -27,32 +26,42 @@ import redis
 DEADLINE_HEADER = "llmqueue-deadline"
 WALK_LIMIT = 2000
 _NO_DEADLINE = "1e300"  # later than any deadline: a message without one waits at the back
-_CHUNK = 100
+_CHUNK = 32
 
-# Lua: the deadline of an envelope (none: later than any); how many messages from the tail are
-# due no later than `dl` (at most `cap`: callers only need "more than") and the first due later.
+# Lua: the deadline of an envelope (none: later than any), and where a message due at `dl`
+# belongs in a queue kept in deadline order (most urgent at the tail, where BRPOP takes from).
+# boundary() walks from both ends at once, a chunk at a time, so it costs the shorter distance:
+# an urgent request walks past the few due before it, a request that lost a publish race to a
+# replica (a deadline a millisecond earlier than the newest one's) past the few due after it.
+# It returns 'tail', n, pivot (n due first, pivot the first due later), 'head', n, pivot (n due
+# later, pivot the first due first), or nil past `limit` messages from each end.
 LUA_DEADLINES = f"""
 local function deadline_of(message)
   local d = string.match(message, '"{DEADLINE_HEADER.replace("-", "%-")}": ([%d%.]+)')
   return d and tonumber(d) or {_NO_DEADLINE}
 end
 
-local function due_first(queue, dl, cap)
-  local count, stop = 0, -1
-  while count < cap do
-    local chunk = redis.call('LRANGE', queue, stop - {_CHUNK - 1}, stop)
-    for i = #chunk, 1, -1 do
-      if deadline_of(chunk[i]) > dl then
-        return count, chunk[i]
+local function boundary(queue, dl, limit)
+  local walked = 0
+  while walked < limit do
+    local tail = redis.call('LRANGE', queue, -walked - {_CHUNK}, -walked - 1)
+    for i = #tail, 1, -1 do
+      if deadline_of(tail[i]) > dl then
+        return 'tail', walked + #tail - i, tail[i]
       end
-      count = count + 1
     end
-    if #chunk < {_CHUNK} then
-      return count, nil
+    local head = redis.call('LRANGE', queue, walked, walked + {_CHUNK - 1})
+    for j = 1, #head do
+      if deadline_of(head[j]) <= dl then
+        return 'head', walked + j - 1, head[j]
+      end
     end
-    stop = stop - {_CHUNK}
+    if #head < {_CHUNK} then
+      return nil
+    end
+    walked = walked + {_CHUNK}
   end
-  return count, nil
+  return nil
 end
 """
 
@@ -67,28 +76,13 @@ for i = 1, #ARGV, 2 do
   if (not newest) or deadline_of(newest) <= dl then
     redis.call('LPUSH', queue, message)
   else
-    local count, later = due_first(queue, dl, {WALK_LIMIT})
-    if later then
-      -- between the last message due first and the first one due later
-      redis.call('LINSERT', queue, 'AFTER', later, message)
+    local side, _, pivot = boundary(queue, dl, {WALK_LIMIT})
+    if side == 'tail' then
+      redis.call('LINSERT', queue, 'AFTER', pivot, message)
+    elseif side == 'head' then
+      redis.call('LINSERT', queue, 'BEFORE', pivot, message)
     else
-      -- too many due first to walk: walk from the head past the ones due later
-      local placed, start = false, 0
-      while (not placed) and start < {WALK_LIMIT} do
-        local chunk = redis.call('LRANGE', queue, start, start + {_CHUNK - 1})
-        for j = 1, #chunk do
-          if deadline_of(chunk[j]) <= dl then
-            redis.call('LINSERT', queue, 'BEFORE', chunk[j], message)
-            placed = true
-            break
-          end
-        end
-        if #chunk < {_CHUNK} then break end
-        start = start + {_CHUNK}
-      end
-      if not placed then
-        redis.call('LPUSH', queue, message)
-      end
+      redis.call('LPUSH', queue, message)  -- too far from both ends: the back, never ahead
     end
   end
 end
@@ -114,8 +108,8 @@ def insert_by_deadline(
     envelopes: list[tuple[datetime | None, str]],
     script_client: redis.Redis,
 ) -> Any:
-    """Queue `envelopes` ((deadline, envelope), in publish order) on `queue` in deadline order.
-    A message without a deadline goes to the back."""
+    """Queue `envelopes` ((deadline, envelope), in publish order) on `queue`: those with a
+    deadline in deadline order, those without at the back (one LPUSH each)."""
     args: list[Any] = []
     for deadline, envelope in envelopes:
         args += [repr(deadline.timestamp()) if deadline is not None else _NO_DEADLINE, envelope]

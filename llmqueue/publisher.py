@@ -88,6 +88,9 @@ class TaskMessage:
     args: list[Any]
     expires: datetime | None = None
     argsrepr: str = "()"
+    # Due before its tier's deadline: queued ahead of the requests due later. The others keep
+    # arrival order (the tier's deadline after their arrival), which one LPUSH gives.
+    by_deadline: bool = False
 
 
 def publish_tasks(task_name: str, messages: list[TaskMessage]) -> None:
@@ -97,7 +100,7 @@ def publish_tasks(task_name: str, messages: list[TaskMessage]) -> None:
     by_queue: dict[str, list[tuple[datetime | None, str]]] = {}
     for m in messages:
         envelope = task_envelope(task_name, m.task_id, m.queue, m.args, m.expires, m.argsrepr)
-        by_queue.setdefault(m.queue, []).append((m.expires, envelope))
+        by_queue.setdefault(m.queue, []).append((m.expires if m.by_deadline else None, envelope))
     client = _broker()
     if len(by_queue) == 1:  # an API call's one message: a pipeline would only add cost
         [(queue, envelopes)] = by_queue.items()
@@ -115,7 +118,8 @@ def _push(
     queue: str,
     envelopes: list[tuple[datetime | None, str]],
 ) -> None:
-    if settings.LLMQUEUE_EDF_WITHIN_TIER:
+    """Queue `envelopes` ((deadline to insert by or None, envelope)) on `queue`."""
+    if settings.LLMQUEUE_EDF_WITHIN_TIER and any(due for due, _ in envelopes):
         insert_by_deadline(target, queue, envelopes, client)
     else:
         target.lpush(queue, *(envelope for _, envelope in envelopes))
@@ -131,4 +135,4 @@ def publish_task(
 ) -> None:
     """Put one task message on `queue`; raises redis.RedisError when the broker refuses it."""
     envelope = task_envelope(task_name, task_id, queue, args, expires, argsrepr)
-    _push(_broker(), _broker(), queue, [(expires, envelope)])
+    _push(_broker(), _broker(), queue, [(None, envelope)])

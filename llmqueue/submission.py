@@ -56,6 +56,7 @@ def publish(rows: list[PromptRequest], route: ModelRoute, caller: Caller, chunk_
                 expires=min(row.deadline_at for row in chunk),
                 # The request ids say enough: prompts stay out of headers, Flower and events.
                 argsrepr=f"({', '.join(str(row.id) for row in chunk)})",
+                by_deadline=any(has_own_deadline(row, caller) for row in chunk),
             )
             for chunk in chunks(rows, chunk_size)
         ],
@@ -105,6 +106,11 @@ def new_request(
         enqueued_at=now,
         deadline_at=now + timedelta(seconds=wait_seconds(spec, caller)),
     )
+
+
+def has_own_deadline(row: PromptRequest, caller: Caller) -> bool:
+    """The request asked for a tighter deadline than its tier's max wait."""
+    return row.deadline_at < row.enqueued_at + timedelta(seconds=caller.max_wait_seconds)
 
 
 def wait_seconds(spec: PromptSpec, caller: Caller) -> float:

@@ -45,6 +45,7 @@ def publish(*offsets: float | None, queue: str = QUEUE, base: datetime = BASE) -
                 queue,
                 [[]],
                 expires=None if offset is None else base + timedelta(seconds=offset),
+                by_deadline=offset is not None,
             )
             for offset in offsets
         ],
@@ -80,16 +81,17 @@ def test_without_deadline_order_the_queue_is_fifo(clean_redis: redis.Redis):
     assert popped(clean_redis) == ["30", "1", "0.5"]
 
 
-def test_past_the_walk_limit_it_walks_from_the_head_then_queues_at_the_back(
+def test_a_place_near_either_end_is_exact_and_one_far_from_both_is_the_back(
     clean_redis: redis.Redis,
 ):
-    publish(*range(WALK_LIMIT + 50))
-    publish(WALK_LIMIT + 48.5)  # more than the limit due first, one due later: from the head
-    publish(*range(WALK_LIMIT + 50, 2 * WALK_LIMIT + 100))
-    publish(WALK_LIMIT + 10.5)  # over the limit from both ends: the back, never ahead
+    n = 2 * WALK_LIMIT + 100
+    publish(*range(n))
+    publish(n - 1.5)  # a replica's publish race: one message is due later, found from the head
+    publish(2.5)  # urgent: three are due first, found from the tail
+    publish(WALK_LIMIT + 50.5)  # over the limit from both ends: the back, never ahead
     order = popped(clean_redis)
-    assert order.index(f"{WALK_LIMIT + 48.5}") == WALK_LIMIT + 49
-    assert order[-1] == f"{WALK_LIMIT + 10.5}" and len(order) == 2 * WALK_LIMIT + 102
+    assert order.index("2.5") == 3 and order.index(f"{n - 1.5}") == n  # 2.5 is ahead of it too
+    assert order[-1] == f"{WALK_LIMIT + 50.5}" and len(order) == n + 3
 
 
 def test_admission_counts_only_the_requests_due_before_a_tighter_deadline(live: redis.Redis):
