@@ -165,6 +165,33 @@ def seed(
     return str(_harness_command(env, ["seed", json.dumps(spec)], 120)["api_key"])
 
 
+def seed_tenants(
+    env: dict[str, str],
+    tenants: dict[str, str],
+    *,
+    model: str = "sim",
+    pool: str = "default",
+    context_length: int = 2048,
+    max_tokens: int = 512,
+    tiers: dict[str, dict[str, Any]] | None = None,
+    limits: dict[str, Any] | None = None,
+) -> dict[str, str]:
+    """Like `seed`, for several tenants at once (`tenants`: name → tier name), with the default
+    tiers' fields overridden by `tiers` (name → {field: value}, e.g. max_wait_seconds) and the
+    same `limits` for every tenant. Returns name → API key."""
+    spec = {
+        "model": model,
+        "pool": pool,
+        "context_length": context_length,
+        "max_tokens": max_tokens,
+        "tenants": tenants,
+        "tiers": tiers or {},
+        "limits": limits or {},
+    }
+    keys = _harness_command(env, ["seed-tenants", json.dumps(spec)], 120)
+    return {str(name): str(key) for name, key in keys.items()}
+
+
 def _harness_command(env: dict[str, str], args: list[str], timeout_seconds: float) -> Any:
     """Run `python -m bench.harness ARGS` in the bench's environment; its last line is JSON."""
     done = subprocess.run(
@@ -190,6 +217,26 @@ def _seed_main(spec_json: str) -> None:
     ensure_served_model(spec["model"], spec["pool"], spec["context_length"], spec["max_tokens"])
     _, key = create_tenant_with_key(spec["tenant"], tiers[spec["tier"]], **spec["limits"])
     print(json.dumps({"api_key": key}))
+
+
+def _seed_tenants_main(spec_json: str) -> None:
+    import django
+
+    django.setup()
+    from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
+    from llmqueue.models import Tier
+
+    spec = json.loads(spec_json)
+    ensure_default_tiers()
+    for name, fields in spec["tiers"].items():
+        Tier.objects.update_or_create(name=name, defaults=fields)
+    tiers = {tier.name: tier for tier in Tier.objects.all()}
+    ensure_served_model(spec["model"], spec["pool"], spec["context_length"], spec["max_tokens"])
+    keys = {
+        name: create_tenant_with_key(name, tiers[tier], **spec["limits"])[1]
+        for name, tier in spec["tenants"].items()
+    }
+    print(json.dumps(keys))
 
 
 # --- child processes ---------------------------------------------------------------------------
@@ -383,8 +430,11 @@ def worker_argv(
     slots: int = 0,
     loglevel: str = "WARNING",
     node_name: str = "",
+    dispatch: str = "",
+    token_budget: int = 0,
 ) -> list[str]:
-    """One simulated-engine GPU worker (`workers.serve`)."""
+    """One simulated-engine GPU worker (`workers.serve`); `dispatch` and `token_budget` default to
+    the worker's own defaults."""
     argv = [PYTHON, "-m", "workers.serve", "--engine", "simulated", "--model", model]
     argv += ["--sim-time-scale", str(time_scale), "--max-num-seqs", str(max_num_seqs)]
     argv += ["--pool", pool, "--loglevel", loglevel]
@@ -392,6 +442,10 @@ def worker_argv(
         argv += ["--slots", str(slots)]
     if node_name:
         argv += ["--node-name", node_name]
+    if dispatch:
+        argv += ["--dispatch", dispatch]
+    if token_budget:
+        argv += ["--token-budget", str(token_budget)]
     return argv
 
 
@@ -439,8 +493,9 @@ class ApiServer:
 
 
 def request_timeline(env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Every PromptRequest in the bench DB: id → status and epoch seconds of enqueue, claim and
-    finish (the server's own timeline, to split a client-side latency into its parts)."""
+    """Every PromptRequest in the bench DB: id → status and epoch seconds of enqueue, claim, first
+    token and finish (the server's own timeline, to split a client-side latency into its parts),
+    with its deadline, tenant, tier and token counts (for the scheduling bench)."""
     return dict(_harness_command(env, ["timeline"], 300))
 
 
@@ -453,19 +508,26 @@ def _timeline_main() -> None:
     def epoch(value: Any) -> float | None:
         return None if value is None else float(value.timestamp())
 
-    rows = PromptRequest.objects.values_list(
-        "id", "status", "enqueued_at", "started_at", "finished_at"
-    )
+    rows = PromptRequest.objects.values(
+        "id", "status", "enqueued_at", "started_at", "finished_at", "first_token_at",
+        "deadline_at", "tenant__name", "tier__name", "prompt_tokens", "completion_tokens",
+    )  # fmt: skip
     print(
         json.dumps(
             {
-                str(i): {
-                    "status": status,
-                    "enqueued": epoch(enqueued),
-                    "started": epoch(started),
-                    "finished": epoch(finished),
+                str(row["id"]): {
+                    "status": row["status"],
+                    "enqueued": epoch(row["enqueued_at"]),
+                    "started": epoch(row["started_at"]),
+                    "finished": epoch(row["finished_at"]),
+                    "first_token": epoch(row["first_token_at"]),
+                    "deadline": epoch(row["deadline_at"]),
+                    "tenant": row["tenant__name"],
+                    "tier": row["tier__name"],
+                    "prompt_tokens": row["prompt_tokens"],
+                    "completion_tokens": row["completion_tokens"],
                 }
-                for i, status, enqueued, started, finished in rows
+                for row in rows.iterator(chunk_size=2000)
             }
         )
     )
@@ -474,7 +536,11 @@ def _timeline_main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "seed":
         _seed_main(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "seed-tenants":
+        _seed_tenants_main(sys.argv[2])
     elif len(sys.argv) == 2 and sys.argv[1] == "timeline":
         _timeline_main()
     else:
-        sys.exit("usage: python -m bench.harness seed SPEC_JSON | timeline")
+        sys.exit(
+            "usage: python -m bench.harness seed SPEC_JSON | seed-tenants SPEC_JSON | timeline"
+        )
