@@ -207,7 +207,7 @@ def _seed_main(spec_json: str) -> None:
     spec = json.loads(spec_json)
     ensure_default_tiers()
     for name, fields in spec["tiers"].items():
-        Tier.objects.filter(name=name).update(**fields)
+        Tier.objects.update_or_create(name=name, defaults=fields)
     tiers = {tier.name: tier for tier in Tier.objects.all()}
     ensure_served_model(spec["model"], spec["pool"], spec["context_length"], spec["max_tokens"])
     keys = {}
@@ -417,8 +417,11 @@ def worker_argv(
     slots: int = 0,
     loglevel: str = "WARNING",
     node_name: str = "",
+    dispatch: str = "",
+    token_budget: int = 0,
 ) -> list[str]:
-    """One simulated-engine GPU worker (`workers.serve`)."""
+    """One simulated-engine GPU worker (`workers.serve`); `dispatch` and `token_budget` default to
+    the worker's own defaults."""
     argv = [PYTHON, "-m", "workers.serve", "--engine", "simulated", "--model", model]
     argv += ["--sim-time-scale", str(time_scale), "--max-num-seqs", str(max_num_seqs)]
     argv += ["--pool", pool, "--loglevel", loglevel]
@@ -426,6 +429,10 @@ def worker_argv(
         argv += ["--slots", str(slots)]
     if node_name:
         argv += ["--node-name", node_name]
+    if dispatch:
+        argv += ["--dispatch", dispatch]
+    if token_budget:
+        argv += ["--token-budget", str(token_budget)]
     return argv
 
 
@@ -473,8 +480,9 @@ class ApiServer:
 
 
 def request_timeline(env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Every PromptRequest in the bench DB: id → status and epoch seconds of enqueue, claim and
-    finish (the server's own timeline, to split a client-side latency into its parts)."""
+    """Every PromptRequest in the bench DB: id → status and epoch seconds of enqueue, claim, first
+    token and finish (the server's own timeline, to split a client-side latency into its parts),
+    with its deadline, tenant, tier and token counts (for the scheduling bench)."""
     return dict(_harness_command(env, ["timeline"], 300))
 
 
@@ -487,19 +495,26 @@ def _timeline_main() -> None:
     def epoch(value: Any) -> float | None:
         return None if value is None else float(value.timestamp())
 
-    rows = PromptRequest.objects.values_list(
-        "id", "status", "enqueued_at", "started_at", "finished_at"
-    )
+    rows = PromptRequest.objects.values(
+        "id", "status", "enqueued_at", "started_at", "finished_at", "first_token_at",
+        "deadline_at", "tenant__name", "tier__name", "prompt_tokens", "completion_tokens",
+    )  # fmt: skip
     print(
         json.dumps(
             {
-                str(i): {
-                    "status": status,
-                    "enqueued": epoch(enqueued),
-                    "started": epoch(started),
-                    "finished": epoch(finished),
+                str(row["id"]): {
+                    "status": row["status"],
+                    "enqueued": epoch(row["enqueued_at"]),
+                    "started": epoch(row["started_at"]),
+                    "finished": epoch(row["finished_at"]),
+                    "first_token": epoch(row["first_token_at"]),
+                    "deadline": epoch(row["deadline_at"]),
+                    "tenant": row["tenant__name"],
+                    "tier": row["tier__name"],
+                    "prompt_tokens": row["prompt_tokens"],
+                    "completion_tokens": row["completion_tokens"],
                 }
-                for i, status, enqueued, started, finished in rows
+                for row in rows.iterator(chunk_size=2000)
             }
         )
     )
