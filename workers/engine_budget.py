@@ -2,13 +2,13 @@
 
 A request counts from the moment its message is delivered to the worker until its outcome is
 recorded (or it was dropped before the engine). A tier may hold at most floor(max_engine_share ×
-max_num_seqs) requests (a share of 1 means no cap beyond the task slots), less what more urgent
-tiers hold: vLLM does not give up running slots to more urgent arrivals (DESIGN.md decision 2),
-so the rest of the engine's sequences stay free for more urgent tiers, however many they need.
-All tiers together may hold at most `token_budget` estimated tokens (prompt + max_tokens), and a
-capped tier at most its share of it, so sixteen long prompts do not take the memory sixteen
-short ones would. Caps are checked before a fetch, so one message (a bulk chunk, a long prompt)
-may go past them; nothing more is fetched for that tier until it is back under.
+max_num_seqs) requests (a share of 1 means no cap beyond the task slots): vLLM does not give up
+running slots to more urgent arrivals (DESIGN.md decision 2), so the rest of the engine's
+sequences stay free for more urgent tiers. All tiers together may hold at most `token_budget`
+estimated tokens (prompt + max_tokens), and a capped tier at most its share of it, so sixteen
+long prompts do not take the memory sixteen short ones would. Caps are checked before a fetch,
+so one message (a bulk chunk, a long prompt) may go past them; nothing more is fetched for that
+tier until it is back under.
 """
 
 from __future__ import annotations
@@ -36,20 +36,12 @@ def default_token_budget(max_num_seqs: int, typical_request_tokens: int) -> int:
     return max_num_seqs * typical_request_tokens
 
 
-def tier_request_cap(share: float, limits: EngineLimits, urgent_held: int = 0) -> int:
-    """Requests a tier may hold: its share of the engine's sequences, and never a sequence that
-    the more urgent tiers' `urgent_held` requests (plus one free for their next arrival) need;
-    at least one, so a tier always progresses. A share of 1 is every task slot, the engine's
-    waiting queue included.
-
-    The share alone is a static headroom: under a sustained interactive load larger than the
-    headroom, interactive requests wait in the broker or in the engine's queue while batch holds
-    its whole share. Shrinking the share by what interactive holds makes every sequence batch
-    finishes go to interactive instead, until interactive needs fewer again."""
+def tier_request_cap(share: float, limits: EngineLimits) -> int:
+    """Requests a tier may hold: its share of the engine's sequences (at least one, so a tier
+    always progresses); a share of 1 is every task slot, the engine's waiting queue included."""
     if share >= 1.0:
         return limits.task_slots
-    static = math.floor(share * limits.max_num_seqs)
-    return max(1, min(static, limits.max_num_seqs - urgent_held - 1))
+    return max(1, math.floor(share * limits.max_num_seqs))
 
 
 def tier_token_cap(share: float, limits: EngineLimits) -> int:
@@ -77,12 +69,10 @@ class TierUsage:
     tokens: int = 0
 
 
-def admits(
-    usage: TierUsage, total_tokens: int, share: float, limits: EngineLimits, urgent_held: int = 0
-) -> bool:
-    """May this tier fetch another message now (`urgent_held`: requests more urgent tiers hold)?"""
+def admits(usage: TierUsage, total_tokens: int, share: float, limits: EngineLimits) -> bool:
+    """May this tier fetch another message now?"""
     return (
-        usage.requests < tier_request_cap(share, limits, urgent_held)
+        usage.requests < tier_request_cap(share, limits)
         and usage.tokens < tier_token_cap(share, limits)
         and total_tokens < limits.token_budget
     )
@@ -143,12 +133,9 @@ class EngineBudget:
                     del self._pending[request_id]
         return taken
 
-    def admits(self, queue: str, share: float, more_urgent: Iterable[str] = ()) -> bool:
-        """May `queue`'s tier fetch now, given what the `more_urgent` queues hold?"""
+    def admits(self, queue: str, share: float) -> bool:
         with self._lock:
-            urgent = sum(self._usage[q].requests for q in more_urgent if q in self._usage)
-            usage = self._usage.get(queue, TierUsage())
-            return admits(usage, self._tokens, share, self.limits, urgent)
+            return admits(self._usage.get(queue, TierUsage()), self._tokens, share, self.limits)
 
     def usage(self, queue: str) -> TierUsage:
         with self._lock:

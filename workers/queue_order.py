@@ -67,15 +67,7 @@ class Dispatcher:
         """The queues whose tier is under its engine budget."""
         if not self.enforces_budget:
             return list(queues)
-        return [
-            q
-            for q in queues
-            if self.budget.admits(q, self.tier(q).max_engine_share, self._more_urgent(q, queues))
-        ]
-
-    def _more_urgent(self, queue: str, queues: Sequence[str]) -> list[str]:
-        priority = self.tier(queue).priority
-        return [q for q in queues if self.tier(q).priority < priority]
+        return [q for q in queues if self.budget.admits(q, self.tier(q).max_engine_share)]
 
     def held_back(self, queues: Sequence[str]) -> bool:
         return len(self.allowed(queues)) < len(queues)
