@@ -218,6 +218,15 @@ def _seed_main(spec_json: str) -> None:
     print(json.dumps(keys))
 
 
+def tiny_model_path(given: str = "") -> str:
+    """`given`, or the tiny local model the tests use (built under .llmqueue/ on first use)."""
+    if given:
+        return given
+    from workers.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(REPO / ".llmqueue" / "models" / "tiny-llama"))
+
+
 def write_result(path: Path, result: dict[str, Any], report: str) -> None:
     """Write a benchmark's result as JSON to `path`, then print it and its human report."""
     path.parent.mkdir(parents=True, exist_ok=True)

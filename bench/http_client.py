@@ -10,6 +10,7 @@ Content-Length (or chunked framing) and the headers the caller asks for.
 from __future__ import annotations
 
 import socket
+import threading
 
 
 class HttpError(OSError):
@@ -83,3 +84,34 @@ class RawConnection:
         else:
             raise HttpError("response without Content-Length or chunked framing")
         return Response(status, headers, body)
+
+
+class ThreadConnections:
+    """One keep-alive connection per client thread (like an SDK's pool), all closed together."""
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[RawConnection] = []
+
+    def get(self, fresh: bool = False) -> RawConnection:
+        """This thread's connection; `fresh` replaces it (the server closed an idle one)."""
+        conn: RawConnection | None = getattr(self._local, "conn", None)
+        if conn is None or fresh:
+            if conn is not None:
+                conn.close()
+            conn = RawConnection(self.host, self.port, self.timeout_s)
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def forget(self) -> None:
+        """Drop this thread's connection after an error: the next get() connects afresh."""
+        self._local.conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()

@@ -31,7 +31,7 @@ from typing import Any
 import redis as redis_client
 
 from bench import harness
-from bench.http_client import HttpError, RawConnection, encode_request
+from bench.http_client import HttpError, RawConnection, ThreadConnections, encode_request
 
 HOST = "127.0.0.1"
 GOAL_P50_MS = 5.0
@@ -74,29 +74,17 @@ class LoadClient:
         self.request = encode_request(
             "POST", f"{HOST}:{port}", path, headers, json.dumps(body).encode()
         )
-        self._local = threading.local()
+        # Connected outside the measured interval: a pooled client has it open already.
+        self._connections = ThreadConnections(HOST, port, timeout_s)
         self._lock = threading.Lock()
-        self._connections: list[RawConnection] = []
         self.reconnects = 0
-
-    def _connection(self, fresh: bool = False) -> RawConnection:
-        conn: RawConnection | None = getattr(self._local, "conn", None)
-        if conn is None or fresh:
-            if conn is not None:
-                conn.close()
-            # Connected outside the measured interval: a pooled client has it open already.
-            conn = RawConnection(HOST, self.port, self.timeout_s)
-            self._local.conn = conn
-            with self._lock:
-                self._connections.append(conn)
-        return conn
 
     def _exchange(self, conn: RawConnection) -> tuple[int, bytes, str]:
         response = conn.exchange(self.request)
         return response.status, response.body, response.headers.get("x-llmqueue-request-id", "")
 
     def send(self, scheduled: float) -> Sample:
-        conn = self._connection()
+        conn = self._connections.get()
         wall = time.time()
         started = time.perf_counter()
         try:
@@ -106,12 +94,12 @@ class LoadClient:
                 # The server closed an idle keep-alive connection: reconnect, measure afresh.
                 with self._lock:
                     self.reconnects += 1
-                conn = self._connection(fresh=True)
+                conn = self._connections.get(fresh=True)
                 wall = time.time()
                 started = time.perf_counter()
                 status, data, request_id = self._exchange(conn)
         except OSError as exc:
-            self._local.conn = None
+            self._connections.forget()
             return Sample(
                 scheduled, started, time.perf_counter(), 0, f"{type(exc).__name__}: {exc}"
             )
@@ -122,9 +110,7 @@ class LoadClient:
         return Sample(scheduled, started, ended, status, error, request_id, wall, time.time())
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._connections:
-                conn.close()
+        self._connections.close()
 
 
 def run_open_loop(

@@ -38,7 +38,6 @@ import math
 import os
 import random
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -51,7 +50,7 @@ from typing import Any
 import redis as redis_client
 
 from bench import harness, traffic
-from bench.http_client import HttpError, RawConnection, encode_request
+from bench.http_client import HttpError, ThreadConnections, encode_request
 
 HOST = "127.0.0.1"
 POOL = "default"
@@ -196,9 +195,7 @@ class TrafficClient:
 
     def __init__(self, port: int, keys: dict[str, str], timeout_s: float = 30.0) -> None:
         self.port, self.keys, self.timeout_s = port, keys, timeout_s
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._connections: list[RawConnection] = []
+        self._connections = ThreadConnections(HOST, port, timeout_s)
 
     def encode(self, arrival: traffic.Arrival) -> bytes:
         body = {
@@ -216,34 +213,21 @@ class TrafficClient:
             "POST", f"{HOST}:{self.port}", "/v1/completions", headers, json.dumps(body).encode()
         )
 
-    def _connection(self, fresh: bool = False) -> RawConnection:
-        conn: RawConnection | None = getattr(self._local, "conn", None)
-        if conn is None or fresh:
-            if conn is not None:
-                conn.close()
-            conn = RawConnection(HOST, self.port, self.timeout_s)
-            self._local.conn = conn
-            with self._lock:
-                self._connections.append(conn)
-        return conn
-
     def send(self, index: int, stream: str, request: bytes, scheduled: float) -> Sent:
         lag = time.perf_counter() - scheduled
         try:
             try:
-                response = self._connection().exchange(request)
+                response = self._connections.get().exchange(request)
             except (HttpError, ConnectionResetError, BrokenPipeError):
-                response = self._connection(fresh=True).exchange(request)  # idle close: retry
+                response = self._connections.get(fresh=True).exchange(request)  # idle close
         except OSError:
-            self._local.conn = None
+            self._connections.forget()
             return Sent(index, stream, 0, "", lag)
         request_id = response.headers.get("x-llmqueue-request-id", "")
         return Sent(index, stream, response.status, request_id, lag)
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._connections:
-                conn.close()
+        self._connections.close()
 
 
 def send_open_loop(

@@ -327,10 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.direct_child:
         direct_main(args)
         return 0
-    from workers.tiny_model import build_tiny_model
-
-    state = harness.REPO / ".llmqueue" / "models" / "tiny-llama"
-    args.model_path = args.model_path or str(build_tiny_model(state))
+    args.model_path = harness.tiny_model_path(args.model_path)
     harness.exit_on_sigterm()
     rounds = interleaved_rounds(args)
     expected = args.prompts * args.max_tokens
