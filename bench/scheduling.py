@@ -51,6 +51,7 @@ import redis as redis_client
 
 from bench import harness, traffic
 from bench.http_client import HttpError, ThreadConnections, encode_request
+from bench.latency import percentile
 
 HOST = "127.0.0.1"
 POOL = "default"
@@ -460,13 +461,11 @@ def summarise_run(
     return {
         "interactive_slo_attainment": _ratio(met, offered_interactive),
         "interactive_slo_attainment_served": _ratio(met, len(served)),
-        "interactive_p50_wait_s": _round(harness_percentile(waits, 50)),
-        "interactive_p99_wait_s": _round(harness_percentile(waits, 99)),
+        "interactive_p50_wait_s": _round(percentile(waits, 50)),
+        "interactive_p99_wait_s": _round(percentile(waits, 99)),
         "interactive_max_wait_s": _round(max(waits, default=math.nan)),
-        "interactive_p50_p99_queue_s": [_round(harness_percentile(queued, q)) for q in (50, 99)],
-        "interactive_p50_p99_engine_s": [
-            _round(harness_percentile(in_engine, q)) for q in (50, 99)
-        ],
+        "interactive_p50_p99_queue_s": [_round(percentile(queued, q)) for q in (50, 99)],
+        "interactive_p50_p99_engine_s": [_round(percentile(in_engine, q)) for q in (50, 99)],
         # Over a span common to every policy at this load: filled in by add_ratios.
         "batch_throughput_per_s": None,
         "batch_throughput_vs_fifo": None,
@@ -476,7 +475,7 @@ def summarise_run(
         "batch_tokens_per_s": round(batch_tokens / span, 1) if span else None,
         "batch_completed_in_deadline": len(batch_ok),
         "batch_p50_completion_s": _round(
-            harness_percentile([setup.trace(r["finished"] - r["enqueued"]) for r in batch_ok], 50)
+            percentile([setup.trace(r["finished"] - r["enqueued"]) for r in batch_ok], 50)
         ),
         "expired": sum(expired.values()),
         "rejected": sum(sum(c.values()) for c in rejected.values()),
@@ -494,17 +493,6 @@ def summarise_run(
         "drained": drained,
         "max_send_lag_ms": round(max((s.lag_s for s in sent), default=0.0) * 1000, 1),
     }
-
-
-def harness_percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _ratio(part: int, whole: int) -> float | None:

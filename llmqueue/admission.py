@@ -29,7 +29,7 @@ from llmqueue.errors import ApiError, InvalidParameter, Overloaded, RateLimited,
 from llmqueue.invalidation import CONFIG_VERSION_KEY, note_config_version
 from llmqueue.redis_client import get_redis
 from llmqueue.routing import ModelRoute, queue_name
-from llmqueue.validation import PromptSpec
+from llmqueue.validation import PromptSpec, wait_seconds
 
 # Rejection reasons, as the script returns them and usage counts them.
 RATE, TOKENS = "rate", "tokens"
@@ -314,7 +314,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def limits_for(caller: Caller, route: ModelRoute, deadline_seconds: float | None = None) -> Limits:
+def limits_for(caller: Caller, route: ModelRoute, spec: PromptSpec | None = None) -> Limits:
     return Limits(
         tenant_id=caller.tenant_id,
         tier_id=caller.tier_id,
@@ -325,8 +325,8 @@ def limits_for(caller: Caller, route: ModelRoute, deadline_seconds: float | None
         tokens_per_minute=caller.tokens_per_minute,
         max_queue_depth=caller.max_queue_depth,
         max_tier_share=caller.max_tier_share,
-        max_wait_seconds=deadline_seconds or caller.max_wait_seconds,
-        own_deadline=deadline_seconds is not None,
+        max_wait_seconds=caller.max_wait_seconds if spec is None else wait_seconds(spec, caller),
+        own_deadline=spec is not None and spec.deadline_seconds is not None,
     )
 
 
@@ -340,7 +340,7 @@ def admit_request(
 ) -> int:
     """Admit a validated request or raise 429/503 (or 422 when it can never fit the tenant's
     tokens per minute); returns the tokens it reserved."""
-    limits = limits_for(caller, route, spec.deadline_seconds)
+    limits = limits_for(caller, route, spec)
     need = tokens_needed(spec)
     if need > limits.tokens_per_minute:
         raise InvalidParameter(

@@ -20,7 +20,7 @@ from llmqueue.redis_client import get_redis
 from llmqueue.routing import ModelRoute, queue_name
 from llmqueue.row_insert import insert_request
 from llmqueue.tasks import GENERATE_TASK
-from llmqueue.validation import PromptSpec
+from llmqueue.validation import PromptSpec, wait_seconds
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +111,6 @@ def new_request(
 def has_own_deadline(row: PromptRequest, caller: Caller) -> bool:
     """The request asked for a tighter deadline than its tier's max wait."""
     return row.deadline_at < row.enqueued_at + timedelta(seconds=caller.max_wait_seconds)
-
-
-def wait_seconds(spec: PromptSpec, caller: Caller) -> float:
-    """How long the request may wait for an engine: its own deadline, or its tier's max wait."""
-    return spec.deadline_seconds or float(caller.max_wait_seconds)
 
 
 def submit_prompts(

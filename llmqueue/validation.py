@@ -201,6 +201,11 @@ def deadline_seconds(body: dict[str, Any], header: str | None, caller: Caller) -
     return float(value)
 
 
+def wait_seconds(spec: PromptSpec, caller: Caller) -> float:
+    """How long the request may wait for an engine: its own deadline, or its tier's max wait."""
+    return spec.deadline_seconds or float(caller.max_wait_seconds)
+
+
 def model_name(body: dict[str, Any]) -> str:
     name = _typed(body, "model", (str,), "a string")
     if not name:

@@ -31,7 +31,8 @@ from llmqueue.models import PromptRequest
 from llmqueue.responses import completion_body, models_body, request_body
 from llmqueue.results import Outcome, wait_for_outcome
 from llmqueue.routing import live_models, resolve_model
-from llmqueue.submission import submit_prompt, wait_seconds
+from llmqueue.submission import submit_prompt
+from llmqueue.validation import wait_seconds
 
 log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-LLMQueue-Request-Id"
