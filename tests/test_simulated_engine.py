@@ -97,3 +97,26 @@ def test_the_step_log_has_every_step_and_its_end_time_only_when_asked(tmp_path):
     ends = times[1::2]
     # A result's first_token_at is the logged end of its first token's step.
     assert result.first_token_at == pytest.approx(ends[result.first_token_step - 1], abs=1e-6)
+
+
+def test_an_urgent_arrival_waits_for_prefill_under_way_not_for_every_queued_request():
+    # vLLM V1: a waiting request joins the batch only while the step's token budget has room,
+    # in priority order, so urgent work overtakes less urgent work that has not started yet.
+    engine = SimulatedEngine(
+        SimulatedConfig(max_num_batched_tokens=100, step_time=StepTimeModel(time_scale=0)),
+        start=False,
+    )
+    for name in ("bulk1", "bulk2", "bulk3"):  # 250 prompt tokens each: 2.5 steps of prefill
+        engine._add(GenerationRequest(name, prompt="x" * 1000, max_tokens=1, priority=6))
+    finished: dict[str, int] = {}
+
+    def step() -> None:
+        finished.update({r.request_id: r.finished_step for r in engine._step()})
+        engine.steps += 1
+
+    step()  # bulk1 takes the whole budget; bulk2 and bulk3 stay waiting
+    engine._add(GenerationRequest("urgent", prompt="abcd", max_tokens=1, priority=0))
+    while engine._has_work():
+        step()
+    # Step 3 finishes bulk1's prefill with 50 tokens; urgent joins next, ahead of bulk2.
+    assert finished == {"bulk1": 3, "urgent": 3, "bulk2": 6, "bulk3": 8}

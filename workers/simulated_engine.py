@@ -95,21 +95,28 @@ class SimulatedEngine(ContinuousEngine):
         heapq.heapify(self._waiting)
 
     def _schedule(self) -> int:
-        """Pick this step's work like vLLM's scheduler; return the batched token count."""
+        """Pick this step's work like vLLM V1's scheduler; return the batched token count.
+
+        Running sequences first (decodes, one token each, then their unfinished prefill chunks,
+        in the order they joined); then waiting requests join in priority order while a sequence
+        slot and some of the step's token budget are left. So an urgent arrival waits for the
+        prefill already under way, never for every less urgent request queued before it.
+        """
         budget = self.config.max_num_batched_tokens
-        batch = 0
-        for seq in self._running:  # decodes first, one token each
-            if seq.prefilled == seq.prompt_tokens:
-                batch += 1
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
-            self._running.append(heapq.heappop(self._waiting)[2])
-        for seq in self._running:  # then prefill chunks from what is left of the budget
-            remaining = seq.prompt_tokens - seq.prefilled
-            if remaining and batch < budget:
-                chunk = min(remaining, budget - batch)
-                seq.prefilled += chunk
-                batch += chunk
+        batch = sum(1 for seq in self._running if seq.prefilled == seq.prompt_tokens)
+        for seq in self._running:
+            batch += self._prefill_chunk(seq, budget - batch)
+        while self._waiting and len(self._running) < self.config.max_num_seqs and batch < budget:
+            seq = heapq.heappop(self._waiting)[2]
+            self._running.append(seq)
+            batch += self._prefill_chunk(seq, budget - batch)
         return batch
+
+    @staticmethod
+    def _prefill_chunk(seq: _Sequence, room: int) -> int:
+        chunk = max(0, min(seq.prompt_tokens - seq.prefilled, room))
+        seq.prefilled += chunk
+        return chunk
 
     def _step(self) -> list[GenerationResult]:
         step = self.steps + 1
