@@ -24,6 +24,7 @@ from workers.engine_budget import (
     EngineLimits,
     default_token_budget,
     estimated_tokens,
+    guaranteed_requests,
     tier_request_cap,
     tier_token_cap,
 )
@@ -103,6 +104,51 @@ def test_tier_caps_keep_headroom_of_the_engine_for_more_urgent_tiers():
     assert default_token_budget(64, 1024) == 65_536
 
 
+def test_a_capped_tier_leaves_its_headroom_on_top_of_what_more_urgent_tiers_hold():
+    budget = EngineBudget(LIMITS)  # 16 sequences: batch (0.75) fetches while the engine holds < 12
+    for i in range(6):
+        budget.hold(INTER, f"i{i}", 10)
+    for i in range(5):
+        budget.hold(BATCH, f"b{i}", 10)
+    assert budget.admits(BATCH, 0.75)  # 11 held: the 12th may be batch's
+    budget.hold(BATCH, "b5", 10)
+    assert not budget.admits(BATCH, 0.75)  # 4 sequences stay free for interactive's next burst
+    for i in range(6, 10):
+        budget.hold(INTER, f"i{i}", 10)
+    assert budget.admits(INTER, 1.0)  # interactive takes the headroom, and more task slots
+    assert not budget.admits(BATCH, 0.75)  # batch shrinks as the ones it holds finish
+    for hold in budget.take([f"i{i}" for i in range(7)]):
+        hold.release()
+    assert budget.usage(INTER).requests == 3 and budget.usage(BATCH).requests == 6
+    assert budget.admits(BATCH, 0.75)  # interactive quieter: batch grows back to the line
+
+
+def test_a_capped_tier_keeps_its_weights_share_however_busy_the_others_are():
+    limits = EngineLimits(max_num_seqs=36, task_slots=40, token_budget=100_000)
+    assert guaranteed_requests(1, 9, limits) == 4  # weights 8:1 → 1/9 of 36 sequences
+    assert guaranteed_requests(8, 9, limits) == 32
+    assert guaranteed_requests(1, 1000, limits) == 1  # at least one: it always progresses
+    budget = EngineBudget(limits)
+    for i in range(40):
+        budget.hold(INTER, f"i{i}", 10)
+    for i in range(4):
+        assert budget.admits(BATCH, 0.75, guaranteed=4)
+        budget.hold(BATCH, f"b{i}", 10)
+    assert not budget.admits(BATCH, 0.75, guaranteed=4)
+    assert not budget.admits(INTER, 1.0)  # every task slot is taken
+
+
+def test_dispatcher_guarantees_each_tier_its_weights_share():
+    d = dispatcher(limits=EngineLimits(max_num_seqs=36, task_slots=40, token_budget=100_000))
+    for i in range(30):
+        d.budget.hold(INTER, f"i{i}", 10)
+    for i in range(3):
+        d.budget.hold(BATCH, f"b{i}", 10)
+    assert d.order([INTER, BATCH]) == [INTER, BATCH]  # 3 < 4 = 1/9 of 36
+    d.budget.hold(BATCH, "b3", 10)
+    assert d.order([INTER, BATCH]) == [INTER]
+
+
 def payload(request_id: str, prompt: str = "abcd" * 10, max_tokens: int = 20) -> TaskPayload:
     return {
         "request_id": request_id, "kind": "completion", "model": "sim", "prompt": prompt,
@@ -170,9 +216,9 @@ def test_dispatcher_leaves_a_capped_tier_out_and_wakes_the_loop_when_all_are_out
     for i in range(8):
         d.budget.hold(INTER, f"i{i}", 10)
     assert d.order([INTER, BATCH]) == []  # interactive holds every task slot too
-    d.budget.take(["b0"])[0].release()
+    d.budget.take(["i0"])[0].release()
     assert d._hub.calls == 1  # nothing was being fetched: the loop must look again
-    assert d.order([INTER, BATCH]) == [BATCH]
+    assert d.order([INTER, BATCH]) == [INTER]  # batch stays out: the engine holds 10 ≥ 3
 
 
 @pytest.mark.parametrize("mode", [DispatchMode.FIFO, DispatchMode.STRICT])

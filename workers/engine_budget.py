@@ -1,14 +1,17 @@
 """The engine budget: how many requests and estimated tokens each tier holds in this worker.
 
 A request counts from the moment its message is delivered to the worker until its outcome is
-recorded (or it was dropped before the engine). A tier may hold at most floor(max_engine_share ×
-max_num_seqs) requests (a share of 1 means no cap beyond the task slots): vLLM does not give up
-running slots to more urgent arrivals (DESIGN.md decision 2), so the rest of the engine's
-sequences stay free for more urgent tiers. All tiers together may hold at most `token_budget`
-estimated tokens (prompt + max_tokens), and a capped tier at most its share of it, so sixteen
-long prompts do not take the memory sixteen short ones would. Caps are checked before a fetch,
-so one message (a bulk chunk, a long prompt) may go past them; nothing more is fetched for that
-tier until it is back under.
+recorded (or it was dropped before the engine). vLLM does not give up running slots to more
+urgent arrivals (DESIGN.md decision 2), so a tier with max_engine_share < 1 takes a new request
+only while the whole engine (every tier together) holds fewer than floor(share × max_num_seqs):
+the rest of the sequences stays free for more urgent tiers, on top of whatever they already hold.
+The headroom so follows their load: a busy interactive tier leaves batch fewer slots, an idle one
+leaves it the whole share. A capped tier may always hold its weight's share of the sequences
+(`guaranteed_requests`), so it progresses however busy the more urgent tiers are. All tiers
+together may hold at most `token_budget` estimated tokens (prompt + max_tokens), and a capped
+tier at most its share of it, so sixteen long prompts do not take the memory sixteen short ones
+would. Limits are checked before a fetch, so one message (a bulk chunk, a long prompt) may go
+past them; nothing more is fetched for that tier until it is back under.
 """
 
 from __future__ import annotations
@@ -63,19 +66,30 @@ def estimated_tokens(payload: TaskPayload, bytes_per_token: float) -> int:
     return max(1, prompt) + int(max_tokens)
 
 
+def guaranteed_requests(weight: int, total_weight: int, limits: EngineLimits) -> int:
+    """Requests a capped tier may hold however busy the others are: its weight's share of the
+    engine's sequences, at least one."""
+    share = max(1, weight) / max(1, total_weight)
+    return max(1, math.floor(share * limits.max_num_seqs))
+
+
+def admits(
+    usage: TierUsage, held: TierUsage, share: float, guaranteed: int, limits: EngineLimits
+) -> bool:
+    """May this tier fetch another message now? `usage` is what it holds, `held` what every
+    tier holds together."""
+    if held.tokens >= limits.token_budget or usage.tokens >= tier_token_cap(share, limits):
+        return False
+    cap = tier_request_cap(share, limits)
+    if share >= 1.0:
+        return usage.requests < cap
+    return held.requests < cap or usage.requests < min(guaranteed, cap)
+
+
 @dataclass
 class TierUsage:
     requests: int = 0
     tokens: int = 0
-
-
-def admits(usage: TierUsage, total_tokens: int, share: float, limits: EngineLimits) -> bool:
-    """May this tier fetch another message now?"""
-    return (
-        usage.requests < tier_request_cap(share, limits)
-        and usage.tokens < tier_token_cap(share, limits)
-        and total_tokens < limits.token_budget
-    )
 
 
 class Hold:
@@ -104,7 +118,7 @@ class EngineBudget:
         self._on_release = on_release
         self._lock = threading.Lock()
         self._usage: dict[str, TierUsage] = {}
-        self._tokens = 0
+        self._held = TierUsage()  # every tier together
         # Delivered, not yet taken by the task that runs it (a redelivered duplicate may wait
         # behind its first copy: one entry per delivery).
         self._pending: dict[str, list[Hold]] = {}
@@ -115,7 +129,8 @@ class EngineBudget:
             usage = self._usage.setdefault(queue, TierUsage())
             usage.requests += 1
             usage.tokens += tokens
-            self._tokens += tokens
+            self._held.requests += 1
+            self._held.tokens += tokens
             self._pending.setdefault(request_id, []).append(hold)
 
     def take(self, request_ids: Iterable[str]) -> list[Hold]:
@@ -133,9 +148,10 @@ class EngineBudget:
                     del self._pending[request_id]
         return taken
 
-    def admits(self, queue: str, share: float) -> bool:
+    def admits(self, queue: str, share: float, guaranteed: int = 1) -> bool:
         with self._lock:
-            return admits(self._usage.get(queue, TierUsage()), self._tokens, share, self.limits)
+            usage = self._usage.get(queue, TierUsage())
+            return admits(usage, self._held, share, guaranteed, self.limits)
 
     def usage(self, queue: str) -> TierUsage:
         with self._lock:
@@ -144,13 +160,18 @@ class EngineBudget:
 
     @property
     def tokens(self) -> int:
-        return self._tokens
+        return self._held.tokens
+
+    @property
+    def requests(self) -> int:
+        return self._held.requests
 
     def _release(self, hold: Hold) -> None:
         with self._lock:
             usage = self._usage[hold.queue]
             usage.requests -= 1
             usage.tokens -= hold.tokens
-            self._tokens -= hold.tokens
+            self._held.requests -= 1
+            self._held.tokens -= hold.tokens
         if self._on_release is not None:
             self._on_release()

@@ -20,7 +20,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from workers.dispatch import UNKNOWN_TIER, DispatchMode, TierPolicy, queue_order
-from workers.engine_budget import NO_HOLD, EngineBudget, EngineLimits, Hold, estimated_tokens
+from workers.engine_budget import (
+    NO_HOLD,
+    EngineBudget,
+    EngineLimits,
+    Hold,
+    estimated_tokens,
+    guaranteed_requests,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,7 @@ class Dispatcher:
         self.enforces_budget = mode is DispatchMode.OURS
         self.bytes_per_token = bytes_per_token
         self._tiers: dict[str, TierPolicy] = {}
+        self._guaranteed: dict[str, int] = {}
         self._asked: list[str] = []
         self._idle = False
         self._hub: Any = None
@@ -58,7 +66,13 @@ class Dispatcher:
 
     def set_tiers(self, tiers: Iterable[TierPolicy]) -> None:
         """Replace the tier settings (a whole new mapping: readers never see a half update)."""
-        self._tiers = {t.name: t for t in tiers}
+        by_name = {t.name: t for t in tiers}
+        total_weight = sum(max(1, t.weight) for t in by_name.values())
+        self._guaranteed = {
+            name: guaranteed_requests(t.weight, total_weight, self.budget.limits)
+            for name, t in by_name.items()
+        }
+        self._tiers = by_name
 
     def tier(self, queue: str) -> TierPolicy:
         return self._tiers.get(queue_tier(queue), UNKNOWN_TIER)
@@ -67,7 +81,13 @@ class Dispatcher:
         """The queues whose tier is under its engine budget."""
         if not self.enforces_budget:
             return list(queues)
-        return [q for q in queues if self.budget.admits(q, self.tier(q).max_engine_share)]
+        return [
+            q
+            for q in queues
+            if self.budget.admits(
+                q, self.tier(q).max_engine_share, self._guaranteed.get(queue_tier(q), 1)
+            )
+        ]
 
     def held_back(self, queues: Sequence[str]) -> bool:
         return len(self.allowed(queues)) < len(queues)
