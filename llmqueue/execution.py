@@ -9,6 +9,7 @@ wake up between two others (three wake-ups fewer on every request's critical pat
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -83,22 +84,31 @@ def start_prompt(
 ) -> Future[Ran]:
     """Claim → generate → record and publish, without blocking; the future holds the claim and,
     if it ran, the outcome and what became of it. `hold` (the request's place in the engine
-    budget) is released when the chain ends."""
+    budget) is released when the chain ends.
+
+    The engine gets the request while the claim is being recorded, not after: on a saturated
+    engine the claim's DB round trip is often what decides whether the first token comes one
+    step later. A claim that loses (another attempt has the request, it was finished or revoked)
+    aborts the generation. A request already past its deadline is only claimed, which expires
+    it: nothing of it is generated."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
+    request = generation_request(
+        f"{request_id}:{uuid.uuid4().hex[:12]}",  # unique per delivery: duplicates may overlap
+        payload["prompt"],
+        payload["messages"],
+        payload["params"],
+        payload["priority"],
+    )
+    early = engine.submit(request) if payload["deadline_ts"] > time.time() else None
 
     def on_claim(claim: lifecycle.Claim) -> None:
         if claim.expired or claim.attempt is None:
+            if early is not None:
+                engine.abort(request.request_id)
             done.set_result((claim, None, None))
             return
         attempt = claim.attempt
-        request = generation_request(
-            f"{request_id}:{attempt}",
-            payload["prompt"],
-            payload["messages"],
-            payload["params"],
-            payload["priority"],
-        )
 
         def on_generated(generated: Future[GenerationResult]) -> None:
             try:
@@ -109,9 +119,15 @@ def start_prompt(
             except BaseException as exc:
                 done.set_exception(exc)
 
-        engine.submit(request).add_done_callback(on_generated)
+        (early or engine.submit(request)).add_done_callback(on_generated)
 
-    _then(recorder.claim(request_id, worker), done, on_claim)
+    def on_claim_failed(failed: Future[lifecycle.Claim]) -> None:
+        if failed.exception() is not None and early is not None:
+            engine.abort(request.request_id)  # nobody will record what it generates
+
+    claimed = recorder.claim(request_id, worker)
+    claimed.add_done_callback(on_claim_failed)
+    _then(claimed, done, on_claim)
     # Its place goes back once its row says it is finished (or it was not run): a tier's unfinished
     # rows on this worker then never exceed its cap, as the DB shows, at the cost of the recorder's
     # few milliseconds per request.

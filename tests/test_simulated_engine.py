@@ -120,3 +120,24 @@ def test_an_urgent_arrival_waits_for_prefill_under_way_not_for_every_queued_requ
         step()
     # Step 3 finishes bulk1's prefill with 50 tokens; urgent joins next, ahead of bulk2.
     assert finished == {"bulk1": 3, "urgent": 3, "bulk2": 6, "bulk3": 8}
+
+
+def test_an_aborted_request_fails_its_future_and_leaves_the_batch():
+    from workers.batching import RequestAborted
+
+    engine = SimulatedEngine(
+        SimulatedConfig(max_num_seqs=4, step_time=StepTimeModel(time_scale=0.01))
+    )  # ~0.1 ms steps: the long request is still running when the abort arrives
+    try:
+        long = engine.submit(GenerationRequest("long", prompt="abcd", max_tokens=100_000))
+        short = engine.submit(GenerationRequest("short", prompt="abcd", max_tokens=3))
+        assert short.result(timeout=10).completion_tokens == 3
+        engine.abort("long")
+        engine.abort("never-submitted")  # nothing to drop: ignored
+        with pytest.raises(RequestAborted):
+            long.result(timeout=10)
+        after = engine.submit(GenerationRequest("after", prompt="abcd", max_tokens=2))
+        assert after.result(timeout=10).completion_tokens == 2
+        assert engine.stats()["in_engine"] == 0 and not engine._running and not engine._waiting
+    finally:
+        engine.close()

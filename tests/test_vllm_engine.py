@@ -72,3 +72,22 @@ def test_prompt_longer_than_the_context_is_an_engine_error(engine: VllmEngine):
     # The loop survives a rejected request.
     ok = engine.submit(GenerationRequest("after", prompt="hi", max_tokens=2, ignore_eos=True))
     assert ok.result(timeout=60).completion_tokens == 2
+
+
+def test_an_aborted_request_leaves_the_engine_and_fails_its_future(engine: VllmEngine):
+    import time
+
+    from workers.batching import RequestAborted
+
+    long = engine.submit(
+        GenerationRequest("abort-long", prompt="hello", max_tokens=1500, ignore_eos=True)
+    )
+    started = engine.steps
+    while engine.steps < started + 3:  # it is running, not just queued
+        time.sleep(0.01)
+    engine.abort("abort-long")
+    with pytest.raises(RequestAborted):
+        long.result(timeout=60)
+    after = engine.submit(GenerationRequest("abort-after", prompt="hi", max_tokens=2))
+    assert after.result(timeout=60).completion_tokens == 2
+    assert engine.stats()["in_engine"] == 0

@@ -20,6 +20,11 @@ _IDLE_POLL_SECONDS = 0.5
 # many steps before the request finished (one float per step, 512 KiB).
 _STEP_CLOCK_SIZE = 65536
 _Arrival = tuple[GenerationRequest, Future[GenerationResult]]
+_Abort = str  # the id of a submitted request to drop
+
+
+class RequestAborted(Exception):
+    """The worker took the request back (`ContinuousEngine.abort`) before it finished."""
 
 
 class ContinuousEngine:
@@ -33,7 +38,7 @@ class ContinuousEngine:
     model_name = ""
 
     def __init__(self) -> None:
-        self._inbox: queue.SimpleQueue[_Arrival | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Arrival | _Abort | None] = queue.SimpleQueue()
         self._futures: dict[str, Future[GenerationResult]] = {}
         self.steps = 0
         self.submitted = 0
@@ -56,6 +61,11 @@ class ContinuousEngine:
             return future
         self._inbox.put((request, future))
         return future
+
+    def abort(self, request_id: str) -> None:
+        """Drop a submitted request wherever it is (waiting or running): its future is cancelled
+        at the engine's next step, and it generates nothing more."""
+        self._inbox.put(request_id)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -98,7 +108,8 @@ class ContinuousEngine:
 
     # --- the loop -----------------------------------------------------------------------------
     def _take_arrivals(self, block: bool) -> bool:
-        """Move everything waiting in the inbox into the engine; False once closed."""
+        """Move everything waiting in the inbox into the engine, dropping what was aborted;
+        False once closed."""
         try:
             if block:
                 item = self._inbox.get(timeout=_IDLE_POLL_SECONDS)
@@ -106,22 +117,36 @@ class ContinuousEngine:
                 item = self._inbox.get_nowait()
         except queue.Empty:
             return not self._closed.is_set()
-        while True:
-            if item is None:
-                return False
-            request, future = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    self._add(request)
-                except Exception as exc:  # a bad request must not stop the loop
-                    future.set_exception(exc)
-                else:
-                    self._futures[request.request_id] = future
-                    self.submitted += 1
+        while item is not None:
+            if isinstance(item, str):
+                self._drop(item)
+            else:
+                self._arrive(*item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return True
+        return False
+
+    def _arrive(self, request: GenerationRequest, future: Future[GenerationResult]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            self._add(request)
+        except Exception as exc:  # a bad request must not stop the loop
+            future.set_exception(exc)
+        else:
+            self._futures[request.request_id] = future
+            self.submitted += 1
+
+    def _drop(self, request_id: str) -> None:
+        future = self._futures.pop(request_id, None)
+        if future is None:  # finished already, or aborted before it arrived (arrivals come first)
+            return
+        try:
+            self._abort([request_id])
+        finally:
+            future.set_exception(RequestAborted(request_id))
 
     def _run(self) -> None:
         try:

@@ -1,0 +1,89 @@
+"""One request's chain on a worker: the engine starts while the claim is recorded, and gives the
+request back when the claim loses; a request past its deadline never reaches the engine."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any, cast
+
+import pytest
+
+from llmqueue import lifecycle
+from llmqueue.execution import start_prompt
+from llmqueue.payload import TaskPayload
+from llmqueue.recorder import Recorded, Recorder
+from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
+
+
+class HeldClaims:
+    """A recorder whose claims the test settles by hand; finishes are recorded as won."""
+
+    def __init__(self) -> None:
+        self.claims: list[Future[lifecycle.Claim]] = []
+        self.finished: list[lifecycle.Finish] = []
+
+    def claim(self, request_id: uuid.UUID, worker: str) -> Future[lifecycle.Claim]:
+        self.claims.append(Future())
+        return self.claims[-1]
+
+    def finish(self, outcome: lifecycle.Finish) -> Future[Recorded]:
+        self.finished.append(outcome)
+        done: Future[Recorded] = Future()
+        done.set_result(Recorded(won=True, published=True))
+        return done
+
+
+def payload(request_id: uuid.UUID, max_tokens: int, deadline_in: float) -> TaskPayload:
+    return {
+        "request_id": str(request_id), "kind": "completion", "model": "sim", "prompt": "abcd",
+        "messages": None, "params": {"max_tokens": max_tokens}, "priority": 0,
+        "deadline_ts": time.time() + deadline_in,
+    }  # fmt: skip
+
+
+@pytest.fixture
+def engine() -> Any:
+    engine = SimulatedEngine(SimulatedConfig(step_time=StepTimeModel(time_scale=0.05)))
+    yield engine
+    engine.close()
+
+
+def wait_for(condition: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_the_engine_starts_while_the_claim_is_recorded(engine: SimulatedEngine):
+    recorder, rid = HeldClaims(), uuid.uuid4()
+    done = start_prompt(payload(rid, 5, 30), "w", cast(Recorder, recorder), engine)
+    wait_for(lambda: engine.steps >= 2)  # generating before anyone knows it may
+    recorder.claims[0].set_result(lifecycle.Claim(rid, attempt=1))
+    claim, outcome, recorded = done.result(timeout=10)
+    assert (claim.attempt, recorded) == (1, Recorded(won=True, published=True))
+    assert outcome is not None and outcome.succeeded and outcome.completion_tokens == 5
+    assert [f.attempt for f in recorder.finished] == [1]
+
+
+def test_a_lost_claim_takes_the_generation_back_and_records_nothing(engine: SimulatedEngine):
+    recorder, rid = HeldClaims(), uuid.uuid4()
+    done = start_prompt(payload(rid, 100_000, 30), "w", cast(Recorder, recorder), engine)
+    wait_for(lambda: engine.steps >= 2)
+    recorder.claims[0].set_result(lifecycle.Claim(rid, attempt=None))  # another attempt has it
+    assert done.result(timeout=10) == (lifecycle.Claim(rid, attempt=None), None, None)
+    wait_for(lambda: engine.stats()["in_engine"] == 0)
+    assert recorder.finished == [] and engine.finished == 0
+
+
+def test_a_request_past_its_deadline_is_only_claimed_never_generated(engine: SimulatedEngine):
+    recorder, rid = HeldClaims(), uuid.uuid4()
+    done = start_prompt(payload(rid, 5, -1), "w", cast(Recorder, recorder), engine)
+    time.sleep(0.05)
+    assert engine.submitted == 0
+    recorder.claims[0].set_result(lifecycle.Claim(rid, attempt=None, expired=True))
+    claim, outcome, _ = done.result(timeout=10)
+    assert claim.expired and outcome is None
+    assert engine.submitted == 0 and recorder.finished == []
