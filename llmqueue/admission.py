@@ -2,7 +2,8 @@
 
 One Lua script decides each request atomically for every API replica: is a worker alive for the
 queue; is the queue below its depth cap, and would the request's estimated wait (requests ahead ÷
-the queue's recent drain rate) still meet its deadline; does the tenant's request bucket (rate +
+the queue's recent drain rate) still meet its deadline (or its tier's first-token target,
+LLMQUEUE_SHED_AT_SLO); does the tenant's request bucket (rate +
 burst) have a token; does its tokens-per-minute bucket hold prompt tokens + max_tokens. Only an
 admitted request takes from the buckets; a rejection names its reason and when to retry. Usage
 counters and the config version (for cache invalidation) ride along in the same round trip.
@@ -188,6 +189,19 @@ class Limits:
     max_tier_share: float
     max_wait_seconds: float  # the request's own deadline window (its tier's max wait or tighter)
     own_deadline: bool = False  # tighter than the tier's: only requests due first count ahead
+    first_token_target_seconds: float | None = None  # the tier's SLO, if it sheds at it
+
+    @property
+    def sheds_at_target(self) -> bool:
+        target = self.first_token_target_seconds
+        return target is not None and 0 < target < self.max_wait_seconds
+
+    @property
+    def acceptable_wait_seconds(self) -> float:
+        """The longest estimated wait for an engine this request is admitted with."""
+        if self.sheds_at_target:
+            return float(self.first_token_target_seconds or 0)
+        return self.max_wait_seconds
 
 
 @dataclass(frozen=True)
@@ -267,7 +281,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         limits.tokens_per_minute,
         tokens,
         limits.max_queue_depth,
-        limits.max_wait_seconds,
+        limits.acceptable_wait_seconds,
         settings.LLMQUEUE_WORKER_STALE_SECONDS,
         drain_tau_seconds(),
         usage.COUNTER_TTL_SECONDS,
@@ -327,6 +341,9 @@ def limits_for(caller: Caller, route: ModelRoute, spec: PromptSpec | None = None
         max_tier_share=caller.max_tier_share,
         max_wait_seconds=caller.max_wait_seconds if spec is None else wait_seconds(spec, caller),
         own_deadline=spec is not None and spec.deadline_seconds is not None,
+        first_token_target_seconds=(
+            caller.first_token_target_seconds if settings.LLMQUEUE_SHED_AT_SLO else None
+        ),
     )
 
 
@@ -394,6 +411,13 @@ def rejection(decision: Decision, limits: Limits, tenant: str) -> ApiError:
             "queue_full",
         ),
         TOO_SLOW: (
+            f"Queue {limits.queue!r} would not reach this request within its tier's "
+            f"{limits.acceptable_wait_seconds:g} s first-token target: {decision.ahead} requests "
+            f"waiting{wait}.",
+            "slo_unreachable",
+        )
+        if limits.sheds_at_target
+        else (
             f"Queue {limits.queue!r} would not reach this request within its "
             f"{limits.max_wait_seconds:g} s deadline: {decision.ahead} requests waiting{wait}.",
             "deadline_unreachable",

@@ -32,6 +32,7 @@ class Caller:
     tier_name: str
     tier_priority: int
     max_wait_seconds: int
+    first_token_target_seconds: float | None
     default_max_tokens: int
     max_queue_depth: int
 
@@ -59,6 +60,7 @@ def _load_caller(key_hash: str) -> Caller | None:
         tier_name=tier.name,
         tier_priority=tier.priority,
         max_wait_seconds=tier.max_wait_seconds,
+        first_token_target_seconds=tier.first_token_target_seconds,
         default_max_tokens=tier.default_max_tokens,
         max_queue_depth=tier.max_queue_depth,
     )

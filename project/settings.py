@@ -169,6 +169,12 @@ LLMQUEUE_EDF_WITHIN_TIER = env.bool("LLMQUEUE_EDF_WITHIN_TIER", default=True)
 """Queue a request with a tighter deadline than its tier's ahead of the requests due later
 (earliest deadline first within a tier's queue; llmqueue/deadline_order.py), and judge its wait
 by the requests due before it. false: plain FIFO within a tier (the comparison baseline)."""
+LLMQUEUE_SHED_AT_SLO = env.bool("LLMQUEUE_SHED_AT_SLO", default=True)
+"""Refuse a request up front (503 `slo_unreachable`) when its estimated wait for an engine
+(requests due before it ÷ the queue's drain rate) exceeds its tier's first-token target, not
+only its deadline: under overload the queue then stays short enough for the requests it admits
+to meet the target, instead of every request waiting until nearly its deadline. Tiers without a
+target keep the deadline rule. false: refuse only what would miss its deadline."""
 LLMQUEUE_SHARED_QUEUE = env.bool("LLMQUEUE_SHARED_QUEUE", default=False)
 """Publish every tier of a pool to one queue (`<pool>.all-tiers`) instead of one per tier: the
 arrival-order baseline for `--dispatch fifo`. Must be the same on API and workers; each tier's

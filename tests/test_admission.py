@@ -116,6 +116,23 @@ def test_a_wait_longer_than_the_deadline_is_refused_up_front(live):
     assert admit(lim, 1, 0.0).admitted
 
 
+def test_a_tier_with_a_first_token_target_sheds_at_the_target_not_at_the_deadline(live):
+    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0)
+    live.lpush(QUEUE, *[f"m{i}" for i in range(6)])
+    tau = admission.drain_tau_seconds()
+    pipe = live.pipeline(transaction=False)
+    admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)
+    pipe.execute()
+    decision = admit(lim, 1, 0.0)  # 6 ahead at 4/s: 1.5 s, past the 1 s target (deadline 30 s)
+    assert (decision.reason, decision.ahead) == ("too_slow", 6)
+    assert decision.retry_after_seconds == pytest.approx(0.5, rel=1e-3)
+    assert admit(limits(max_wait_seconds=30.0), 1, 0.0).admitted  # no target: the deadline
+    live.rpop(QUEUE, 3)  # 3 ahead: 0.75 s
+    assert admit(lim, 1, 0.0).admitted
+    # A target at or past the deadline changes nothing.
+    assert limits(max_wait_seconds=2.0, first_token_target_seconds=5.0).acceptable_wait_seconds == 2
+
+
 def test_a_tenant_fills_only_its_share_of_the_queue(live):
     lim = limits(max_queue_depth=10, max_tier_share=0.2, burst=100)
     assert reasons([admit(lim, 1, 0.0) for _ in range(3)]) == ["", "", "tenant_share"]

@@ -96,6 +96,25 @@ def test_full_tier_queue_is_503_and_nothing_stored(
     assert PromptRequest.objects.count() == 2 and queued_messages(clean_redis) == 2
 
 
+def test_a_wait_past_the_tiers_first_token_target_is_503_and_nothing_stored(
+    live_server, seeded: Seeded, clean_redis: redis.Redis
+):
+    pretend_live(clean_redis, "default")
+    Tier.objects.filter(name="interactive").update(first_token_target_seconds=0.5)
+    assert [ask(live_server, seeded.key).status_code for _ in range(3)] == [202] * 3
+    queue = "default.interactive"
+    pipe = clean_redis.pipeline(transaction=False)
+    admission.record_drain(pipe, queue, 4 * admission.drain_tau_seconds(), {})  # 4 per second
+    pipe.execute()
+    refused = ask(live_server, seeded.key)  # 3 ahead at 4/s: 0.75 s, its deadline 30 s
+    assert refused.status_code == 503
+    error = refused.json()["error"]
+    assert error["code"] == "slo_unreachable"
+    assert "0.5 s first-token target: 3 requests waiting" in error["message"]
+    assert refused.headers["Retry-After"] == "1"  # 0.25 s, rounded up
+    assert PromptRequest.objects.count() == 3 and queued_messages(clean_redis) == 3
+
+
 def test_an_expired_request_gives_its_tokens_back(
     live_server, seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
 ):
