@@ -26,8 +26,9 @@ class Tier(models.Model):
     max_engine_share = models.FloatField(
         default=1.0,
         validators=[MinValueValidator(0.01), MaxValueValidator(1.0)],
-        help_text="Share of each engine's sequences this tier may hold at once; the rest stays "
-        "free for more urgent tiers (e.g. batch 0.75: a quarter is interactive headroom).",
+        help_text="This tier starts requests only while an engine holds (all tiers counted) "
+        "fewer than this share of its sequences: the rest stays free for more urgent tiers "
+        "(batch 0.75: a quarter of the engine is always interactive headroom).",
     )
     first_token_target_seconds = models.FloatField(
         null=True, blank=True, help_text="SLO: seconds from enqueue to the first token."
