@@ -69,6 +69,7 @@ MAX_TOKENS = 4096
 H100_8B_KV_TOKENS = 491_520
 # Kombu's Redis transport keeps fetched, not yet acked messages (acks_late) in this hash.
 UNACKED_KEY = "unacked"
+ARRIVALS = ("replay", "poisson")
 GOAL_ATTAINMENT = 0.99
 GOAL_BATCH_RATIO = 0.90
 
@@ -91,6 +92,7 @@ class Setup:
     seed: int
     trace_offset: int
     client_threads: int
+    arrivals: str = "replay"
 
     def wall(self, trace_seconds: float) -> float:
         return trace_seconds * self.time_scale
@@ -118,8 +120,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--loads", default=",".join(str(x) for x in LOADS))
-    parser.add_argument("--time-scale", type=float, default=0.5, help="wall s per trace s")
-    parser.add_argument("--window", type=float, default=120.0, help="trace s of arrivals per run")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="wall s per trace s")
+    parser.add_argument("--window", type=float, default=60.0, help="trace s of arrivals per run")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument(
         "--slots",
@@ -145,10 +147,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="the batch tier's max_engine_share (default: the tier's default, 0.75)",
     )
+    parser.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="poisson",
+        help="replay: the trace's own arrival times, gaps scaled to the load; poisson: "
+        "Poisson arrivals at the load, lengths from the trace's consecutive rows",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trace-offset", type=int, default=0, help="first trace row replayed")
     parser.add_argument("--client-threads", type=int, default=32)
-    parser.add_argument("--quick", action="store_true", help="window 40 s, capacity burst 4×")
+    parser.add_argument("--quick", action="store_true", help="window 30 s, capacity burst 4×")
     parser.add_argument("--redis-db", type=int, default=8, help="Redis db number, flushed")
     parser.add_argument("--database-url", default=None, help="override $DATABASE_URL")
     parser.add_argument("--db-name", default="llmqueue_bench_scheduling")
@@ -159,7 +168,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def setup_from(args: argparse.Namespace) -> Setup:
-    window = 40.0 if args.quick and args.window == 120.0 else args.window
+    window = 30.0 if args.quick and args.window == 60.0 else args.window
     capacity = args.capacity_requests or (4 if args.quick else 6) * args.max_num_seqs
     return Setup(
         time_scale=args.time_scale,
@@ -176,6 +185,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
         seed=args.seed,
         trace_offset=args.trace_offset,
         client_threads=args.client_threads,
+        arrivals=args.arrivals,
     )
 
 
@@ -339,19 +349,26 @@ def load_streams(args: argparse.Namespace) -> Streams:
 def offered_traffic(streams: Streams, rate: float, setup: Setup) -> list[traffic.Arrival]:
     """70% of `rate` as the interactive trace's slice, 30% as the batch stream, over the window;
     the same seed gives every policy the same requests at a load."""
-    window = setup.window_s
-    arrivals = traffic.replay(
-        streams.interactive, INTERACTIVE, INTERACTIVE_SHARE * rate, window, setup.trace_offset
-    )
+    arrivals = trace_arrivals(streams.interactive, INTERACTIVE, INTERACTIVE_SHARE * rate, setup)
     batch_rate = (1 - INTERACTIVE_SHARE) * rate
     if streams.batch is not None:
-        arrivals += traffic.replay(streams.batch, BATCH, batch_rate, window, setup.trace_offset)
+        arrivals += trace_arrivals(streams.batch, BATCH, batch_rate, setup)
     else:
         rng = random.Random(setup.seed)
         arrivals += traffic.poisson_lognormal(
-            streams.fit, BATCH, batch_rate, window, rng, *_length_caps()
+            streams.fit, BATCH, batch_rate, setup.window_s, rng, *_length_caps()
         )
     return sorted(traffic.clip(arrivals, *_length_caps()), key=lambda a: a.at)
+
+
+def trace_arrivals(
+    rows: list[traffic.TraceRow], stream: str, rate: float, setup: Setup
+) -> list[traffic.Arrival]:
+    """A trace's rows from --trace-offset at `rate`: replayed, or at Poisson times."""
+    if setup.arrivals == "poisson":
+        rng = random.Random(f"{setup.seed}-{stream}")
+        return traffic.poisson_rows(rows, stream, rate, setup.window_s, rng, setup.trace_offset)
+    return traffic.replay(rows, stream, rate, setup.window_s, setup.trace_offset)
 
 
 def capacity_traffic(streams: Streams, setup: Setup) -> list[traffic.Arrival]:
@@ -361,6 +378,25 @@ def capacity_traffic(streams: Streams, setup: Setup) -> list[traffic.Arrival]:
     mix = offered_traffic(streams, count / setup.window_s, setup)
     rng.shuffle(mix)
     return [traffic.Arrival(0.0, BATCH, a.prompt_tokens, a.output_tokens) for a in mix[:count]]
+
+
+def interactive_load(
+    arrivals: Sequence[traffic.Arrival],
+    capacity_tokens_per_s: float,
+    setup: Setup,
+    bin_s: float = 5.0,
+) -> dict[str, float]:
+    """Interactive tokens offered ÷ the engine's capacity: over the window and in its busiest
+    `bin_s` trace seconds. Above 1.0 interactive alone is more than the engine does, and no
+    order of the queue can serve all of it within its SLO."""
+    bins = [0] * max(1, int(setup.window_s // bin_s))
+    for a in arrivals:
+        if a.stream == INTERACTIVE and int(a.at // bin_s) < len(bins):
+            bins[int(a.at // bin_s)] += a.prompt_tokens + a.output_tokens
+    mean = sum(bins) / (len(bins) * bin_s) / capacity_tokens_per_s
+    peak = max(bins) / bin_s / capacity_tokens_per_s
+    over = sum(1 for b in bins if b / bin_s > capacity_tokens_per_s)
+    return {"mean": round(mean, 3), f"peak_{bin_s:g}s": round(peak, 3), "bins_over_1": over}
 
 
 def _length_caps() -> tuple[int, int]:
@@ -706,9 +742,12 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         print(f"capacity: {capacity}", flush=True)
         results: dict[str, dict[str, dict[str, Any]]] = {}
         series: dict[str, dict[str, dict[str, Any]]] = {}
+        profiles: dict[str, dict[str, float]] = {}
         for load in loads:
             rate = load * capacity["requests_per_s"]
             arrivals = offered_traffic(streams, rate, setup)
+            profiles[f"{load:g}"] = interactive_load(arrivals, capacity["tokens_per_s"], setup)
+            print(f"interactive load at {load:g}×: {profiles[f'{load:g}']}", flush=True)
             for policy in policies:
                 summary, points = run_load(base_env, keys, policy, load, arrivals, rate, setup)
                 results.setdefault(policy, {})[f"{load:g}"] = summary
@@ -720,6 +759,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     add_ratios(results)
     output: dict[str, Any] = {policy: results[policy] for policy in results}
     output["capacity"] = capacity
+    output["interactive_offered_load"] = profiles
     output["goals_met"] = goals(results)
     output["config"] = {
         **asdict(setup),

@@ -110,6 +110,27 @@ def replay(
     ]
 
 
+def poisson_rows(
+    rows: list[TraceRow],
+    stream: str,
+    rate: float,
+    window: float,
+    rng: random.Random,
+    offset: int = 0,
+) -> list[Arrival]:
+    """Poisson arrivals at `rate` over `window`, lengths from consecutive rows from `offset`
+    (wrapping around): the trace's length mix at a steady rate, without its minute-scale swings."""
+    arrivals: list[Arrival] = []
+    at = rng.expovariate(rate)
+    i = offset
+    while at < window:
+        row = rows[i % len(rows)]
+        arrivals.append(Arrival(at, stream, row.prompt_tokens, row.output_tokens))
+        at += rng.expovariate(rate)
+        i += 1
+    return arrivals
+
+
 def _mean_gap(rows: list[TraceRow]) -> float:
     return (rows[-1].arrived_at - rows[0].arrived_at) / (len(rows) - 1)
 
