@@ -39,6 +39,16 @@ def settle(pipe: redis.client.Pipeline, ended: list[Ended], now: float | None = 
             pipe.decr(admission.waiting_key(e.queue, e.tenant_id))
 
 
+def count_leads(pipe: redis.client.Pipeline, leads: list[tuple[str, float]]) -> None:
+    """Queue on `pipe` each queue's engine lead times (engine → first token) of this batch."""
+    by_queue: dict[str, list[float]] = {}
+    for queue, seconds in leads:
+        if queue:
+            by_queue.setdefault(queue, []).append(seconds)
+    for queue, times in by_queue.items():
+        admission.record_leads(pipe, queue, sum(times), len(times))
+
+
 def count_claims(pipe: redis.client.Pipeline, claims: list[Claim]) -> None:
     """Queue on `pipe` what first claims change: each queue's drain rate (the requests that left
     it for an engine), and its tenants' counts of waiting requests."""

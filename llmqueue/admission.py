@@ -61,6 +61,7 @@ local tpm, need = tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_depth, max_wait = tonumber(ARGV[6]), tonumber(ARGV[7])
 local stale, tau = tonumber(ARGV[8]), tonumber(ARGV[9])
 local usage_ttl, tenant_depth = tonumber(ARGV[10]), tonumber(ARGV[11])
+local with_lead = ARGV[13] == '1'
 local version = redis.call('GET', KEYS[7]) or '0'
 
 local function reject(reason, retry_after, rate, ahead)
@@ -102,8 +103,17 @@ if rate > 0 and dl and ahead > 0 then
     end
   end
 end
-if rate > 0 and due / rate > max_wait then
-  return reject('too_slow', due / rate - max_wait, rate, due)
+-- Judged against a first-token target, the wait also holds the engine's own lead time (engine
+-- to first token, as recently measured); an empty queue is never too slow.
+local lead = 0
+if with_lead then
+  local l = redis.call('HMGET', KEYS[5], 'lead_sum', 'lead_n')
+  if l[1] and tonumber(l[2]) > 0 then
+    lead = tonumber(l[1]) / tonumber(l[2])
+  end
+end
+if rate > 0 and due > 0 and due / rate + lead > max_wait then
+  return reject('too_slow', due / rate + lead - max_wait, rate, due)
 end
 local mine = tonumber(redis.call('GET', KEYS[8]) or '0')
 if mine >= tenant_depth then
@@ -154,6 +164,24 @@ now = math.max(now, ts)  -- never move the bucket's clock back (a replica's cloc
 local tokens = math.min(cap, tonumber(t[1]) + (now - ts) * cap / 60)
 tokens = math.min(cap, tokens + tonumber(ARGV[2]))
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
+return 1
+"""
+)
+
+# KEYS[1] a queue's drain hash; ARGV: now ('' = server time), sum of engine lead seconds, how
+# many, tau seconds. A decayed mean: recent requests weigh most, as in the drain rate.
+_LEAD = (
+    _LUA_NOW
+    + """
+local d = redis.call('HMGET', KEYS[1], 'lead_sum', 'lead_n', 'lead_ts')
+local sum, n = 0, 0
+if d[1] then
+  local decay = math.exp(-math.max(0, now - tonumber(d[3])) / tonumber(ARGV[4]))
+  sum, n = tonumber(d[1]) * decay, tonumber(d[2]) * decay
+end
+redis.call('HSET', KEYS[1], 'lead_sum', tostring(sum + tonumber(ARGV[2])),
+           'lead_n', tostring(n + tonumber(ARGV[3])), 'lead_ts', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(10 * tonumber(ARGV[4])))
 return 1
 """
 )
@@ -239,7 +267,7 @@ def _scripts() -> dict[str, Any]:
     return {name: client.register_script(source) for name, source in _SOURCES.items()}
 
 
-_SOURCES = {"admit": _ADMIT, "refund": _REFUND, "drain": _DRAIN}
+_SOURCES = {"admit": _ADMIT, "refund": _REFUND, "drain": _DRAIN, "lead": _LEAD}
 
 
 def drain_tau_seconds() -> float:
@@ -287,6 +315,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         usage.COUNTER_TTL_SECONDS,
         tenant_depth,
         _deadline_arg(limits, now),
+        "1" if limits.sheds_at_target else "",
     ]
     reason, retry, version, rate, ahead = _scripts()["admit"](keys=keys, args=args)
     retry_after = float(retry)
@@ -322,6 +351,15 @@ def record_drain(
     _scripts()["drain"](keys=[drain_key(queue)], args=args, client=pipe)
     for tenant_id, count in tenant_claims.items():
         pipe.decrby(waiting_key(queue, tenant_id), count)
+
+
+def record_leads(
+    pipe: redis.client.Pipeline, queue: str, seconds: float, count: int, now: float | None = None
+) -> None:
+    """Queue on `pipe`: `count` requests of `queue` took `seconds` in all from the engine getting
+    them to their first token."""
+    args = [_now_arg(now), seconds, count, drain_tau_seconds()]
+    _scripts()["lead"](keys=[drain_key(queue)], args=args, client=pipe)
 
 
 def _text(value: bytes | str) -> str:

@@ -50,10 +50,14 @@ def _then(source: Future[T], done: Future[Any], step: Callable[[T], None]) -> No
 
 
 def outcome_of(
-    request_id: uuid.UUID, attempt: int, generated: Future[GenerationResult]
+    request_id: uuid.UUID,
+    attempt: int,
+    generated: Future[GenerationResult],
+    submitted_at: float | None = None,
 ) -> lifecycle.Finish:
     """The outcome to record for a generation; a failed one is recorded too, with why (the row
-    says it, and the caller gets 413/400 when the request was at fault, 500 when the engine)."""
+    says it, and the caller gets 413/400 when the request was at fault, 500 when the engine).
+    `submitted_at` (epoch seconds the engine got it) dates the engine's lead to the first token."""
     try:
         result = generated.result()
     except EngineError as exc:
@@ -67,6 +71,9 @@ def outcome_of(
             request_id, attempt, succeeded=False, error=error, error_code=GenerationError.code
         )
     first_token = result.first_token_at
+    lead = None
+    if first_token is not None and submitted_at is not None:
+        lead = max(0.0, first_token - submitted_at)
     return lifecycle.Finish(
         request_id,
         attempt,
@@ -76,6 +83,7 @@ def outcome_of(
         completion_tokens=result.completion_tokens,
         finish_reason=result.finish_reason,
         first_token_at=None if first_token is None else datetime.fromtimestamp(first_token, UTC),
+        engine_lead_seconds=lead,
     )
 
 
@@ -100,7 +108,8 @@ def start_prompt(
         payload["params"],
         payload["priority"],
     )
-    early = engine.submit(request) if payload["deadline_ts"] > time.time() else None
+    submitted_at = time.time()
+    early = engine.submit(request) if payload["deadline_ts"] > submitted_at else None
 
     def on_claim(claim: lifecycle.Claim) -> None:
         if claim.expired or claim.attempt is None:
@@ -109,10 +118,11 @@ def start_prompt(
             done.set_result((claim, None, None))
             return
         attempt = claim.attempt
+        started = submitted_at if early is not None else time.time()
 
         def on_generated(generated: Future[GenerationResult]) -> None:
             try:
-                outcome = outcome_of(request_id, attempt, generated)
+                outcome = outcome_of(request_id, attempt, generated, started)
                 _then(
                     recorder.finish(outcome), done, lambda r: done.set_result((claim, outcome, r))
                 )

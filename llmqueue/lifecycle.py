@@ -68,6 +68,9 @@ class Finish:
     error: str = ""
     error_code: str = ""  # a llmqueue.failures code: why it failed, for the caller's status
     first_token_at: datetime | None = None  # when the engine produced the first token
+    # Seconds from the engine getting the request to its first token: what admission adds to
+    # the queue's wait when it judges a request against its tier's first-token target.
+    engine_lead_seconds: float | None = None
 
 
 def _db_ids(ids: Sequence[uuid.UUID]) -> list[object]:

@@ -59,9 +59,10 @@ class Books:
     results: list[tuple[str, Any, str]] = field(default_factory=list)  # for the result backend
     ended: list[lifecycle.Ended] = field(default_factory=list)  # refunds and usage to settle
     claims: list[lifecycle.Claim] = field(default_factory=list)  # drain rates, waiting counts
+    leads: list[tuple[str, float]] = field(default_factory=list)  # (queue, engine lead seconds)
 
     def __bool__(self) -> bool:
-        return bool(self.results or self.ended or self.claims)
+        return bool(self.results or self.ended or self.claims or self.leads)
 
 
 def send_books(books: Books) -> None:
@@ -75,6 +76,7 @@ def send_books(books: Books) -> None:
         backend.store_many(books.results, pipe)
         accounting.settle(pipe, books.ended)
         accounting.count_claims(pipe, books.claims)
+        accounting.count_leads(pipe, books.leads)
         pipe.execute()
 
     backend.ensure(send, ())
@@ -220,9 +222,13 @@ class Recorder:
         results = [
             (str(j[1].request_id), *result_of(j[1])) for j in batch if j[1].request_id in won
         ]
-        self._settle(
-            batch, Books(results, list(won.values())), lambda job: job[1].request_id in won
-        )
+        leads = [
+            (won[o.request_id].queue, o.engine_lead_seconds)
+            for o in (j[1] for j in batch)
+            if o.request_id in won and o.engine_lead_seconds is not None
+        ]
+        books = Books(results, list(won.values()), leads=leads)
+        self._settle(batch, books, lambda job: job[1].request_id in won)
 
     def _settle(self, batch: list[_Job], books: Books, won: Callable[[_Job], bool]) -> None:
         """Publish the committed outcomes, then tell each job what became of it. A publish that

@@ -3,6 +3,7 @@ backpressure from depth and drain rate, usage counters, and no over-admission un
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import time
 import uuid
@@ -131,6 +132,25 @@ def test_a_tier_with_a_first_token_target_sheds_at_the_target_not_at_the_deadlin
     assert admit(lim, 1, 0.0).admitted
     # A target at or past the deadline changes nothing.
     assert limits(max_wait_seconds=2.0, first_token_target_seconds=5.0).acceptable_wait_seconds == 2
+
+
+def test_judged_against_the_target_the_wait_includes_the_engines_measured_lead(live):
+    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0)
+    tau = admission.drain_tau_seconds()
+    pipe = live.pipeline(transaction=False)
+    admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)  # 4 requests/s
+    admission.record_leads(pipe, QUEUE, 1.0, 2, now=T0 - 5)  # two took 0.5 s to a first token
+    admission.record_leads(pipe, QUEUE, 0.8, 1, now=T0)  # the latest 0.8 s: mean ~0.6 s
+    pipe.execute()
+    assert admit(lim, 1, 0.0).admitted  # an empty queue is never too slow, whatever the lead
+    live.lpush(QUEUE, "m1", "m2")
+    decision = admit(lim, 1, 0.0)  # 2 ahead at 4/s = 0.5 s, + ~0.6 s in the engine > 1 s
+    assert (decision.reason, decision.ahead) == ("too_slow", 2)
+    sum_, n = (float(x) for x in live.hmget(admission.drain_key(QUEUE), "lead_sum", "lead_n"))
+    decay = math.exp(-5 / tau)
+    assert (sum_, n) == (pytest.approx(1.0 * decay + 0.8), pytest.approx(2 * decay + 1))
+    assert decision.retry_after_seconds == pytest.approx(0.5 + sum_ / n - 1.0, rel=1e-3)
+    assert admit(limits(max_wait_seconds=1.0), 1, 0.0).admitted  # a deadline: queue wait only
 
 
 def test_a_tenant_fills_only_its_share_of_the_queue(live):

@@ -201,3 +201,23 @@ def test_rejections_are_answers_not_logged_errors(
         pretend_live(clean_redis, "default")
         assert [ask(live_server, seeded.key).status_code for _ in range(2)] == [202, 429]
     assert [r for r in caplog.records if r.name == "django.request"] == []
+
+
+def test_a_worker_reports_the_engines_lead_to_the_first_token(
+    live_server, seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
+):
+    start_worker("default", *SIMULATED, "--sim-time-scale", "0")
+    done = ask(live_server, seeded.key, background=False)
+    assert done.status_code == 200, done.text
+    row = PromptRequest.objects.get()
+    assert row.first_token_at is not None
+    drain = admission.drain_key("default.interactive")
+
+    def reported() -> bool:
+        return clean_redis.hget(drain, "lead_n") is not None
+
+    wait_until(reported, 10, "the lead to be reported")  # sent after the result
+    lead_sum, lead_n = (float(v or "nan") for v in clean_redis.hmget(drain, "lead_sum", "lead_n"))
+    assert lead_n == 1.0
+    # From the engine's inbox to the first token's step: inside enqueue → first token.
+    assert 0 <= lead_sum <= (row.first_token_at - row.enqueued_at).total_seconds()
