@@ -127,7 +127,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--slots",
         type=int,
         default=0,
-        help="Celery task slots (default max-num-seqs + 1/8: a short engine waiting queue)",
+        help="Celery task slots (default max-num-seqs + 1/32: a short engine waiting queue)",
     )
     parser.add_argument("--token-budget", type=int, default=H100_8B_KV_TOKENS)
     parser.add_argument(
@@ -174,7 +174,9 @@ def setup_from(args: argparse.Namespace) -> Setup:
         time_scale=args.time_scale,
         window_s=window,
         max_num_seqs=args.max_num_seqs,
-        slots=args.slots or args.max_num_seqs + args.max_num_seqs // 8,
+        # A request waiting inside the engine is out of admission's sight: keep that queue short
+        # (at 1.5x, 288 slots let interactive wait 0.40 s p50 there, 264 slots 0.18 s).
+        slots=args.slots or args.max_num_seqs + args.max_num_seqs // 32,
         token_budget=args.token_budget,
         capacity_requests=capacity,
         interactive_slo_s=args.interactive_slo,
