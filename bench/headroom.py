@@ -457,7 +457,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--bulk-tokens", type=int_pair, default=(128, 384), help="bulk output length range"
     )
-    parser.add_argument("--interactive", type=int, default=60, help="interactive requests counted")
+    parser.add_argument("--interactive", type=int, default=200, help="interactive requests counted")
     parser.add_argument("--warmup", type=int, default=5, help="interactive requests not counted")
     parser.add_argument("--interactive-tokens", type=int, default=8)
     parser.add_argument(

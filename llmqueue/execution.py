@@ -22,9 +22,10 @@ from llmqueue import lifecycle
 from llmqueue.failures import ContextLengthExceeded, GenerationError, RequestRejected
 from llmqueue.payload import TaskPayload
 from llmqueue.recorder import Recorded, Recorder, get_recorder
-from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong, generation_request
+from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong
 from workers.engine_budget import NO_HOLD, Hold
-from workers.queue_order import take_holds
+from workers.prestart import delivery_request
+from workers.queue_order import take_holds, take_prestart
 from workers.runtime import current_engine
 
 log = logging.getLogger(__name__)
@@ -94,27 +95,31 @@ def start_prompt(
     if it ran, the outcome and what became of it. `hold` (the request's place in the engine
     budget) is released when the chain ends.
 
-    The engine gets the request while the claim is being recorded, not after: on a saturated
-    engine the claim's DB round trip is often what decides whether the first token comes one
-    step later. A claim that loses (another attempt has the request, it was finished or revoked)
+    The engine gets the request while the claim is being recorded, not after: usually from the
+    worker's delivery hook already (workers/prestart.py), else here. On a saturated engine the
+    hops before the claim and its DB round trip decide whether the first token comes a step
+    later. A claim that loses (another attempt has the request, it was finished or revoked)
     aborts the generation. A request already past its deadline is only claimed, which expires
     it: nothing of it is generated."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
-    request = generation_request(
-        f"{request_id}:{uuid.uuid4().hex[:12]}",  # unique per delivery: duplicates may overlap
-        payload["prompt"],
-        payload["messages"],
-        payload["params"],
-        payload["priority"],
-    )
-    submitted_at = time.time()
-    early = engine.submit(request) if payload["deadline_ts"] > submitted_at else None
+    request = delivery_request(payload)
+    early: Future[GenerationResult] | None = None
+    prestarted = take_prestart(payload["request_id"])  # the delivery hook's, if it ran
+    if prestarted is not None:
+        engine_id, early, submitted_at = (
+            prestarted.engine_id,
+            prestarted.future,
+            prestarted.submitted_at,
+        )
+    else:
+        engine_id, submitted_at = request.request_id, time.time()
+        early = engine.submit(request) if payload["deadline_ts"] > submitted_at else None
 
     def on_claim(claim: lifecycle.Claim) -> None:
         if claim.expired or claim.attempt is None:
             if early is not None:
-                engine.abort(request.request_id)
+                engine.abort(engine_id)
             done.set_result((claim, None, None))
             return
         attempt = claim.attempt
@@ -133,7 +138,7 @@ def start_prompt(
 
     def on_claim_failed(failed: Future[lifecycle.Claim]) -> None:
         if failed.exception() is not None and early is not None:
-            engine.abort(request.request_id)  # nobody will record what it generates
+            engine.abort(engine_id)  # nobody will record what it generates
 
     claimed = recorder.claim(request_id, worker)
     claimed.add_done_callback(on_claim_failed)

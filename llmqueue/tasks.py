@@ -11,7 +11,7 @@ from celery.signals import task_revoked
 from llmqueue.execution import run_prompts
 from llmqueue.payload import TaskPayload
 from llmqueue.recorder import get_recorder
-from workers.queue_order import take_holds
+from workers.queue_order import drop_prestarts, take_holds
 
 GENERATE_TASK = "llmqueue.generate"
 
@@ -31,6 +31,7 @@ def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, *
     if request is None or getattr(sender, "name", None) != GENERATE_TASK:
         return
     ids = [payload["request_id"] for payload in request.args[0]]
+    drop_prestarts(ids)
     for hold in take_holds(ids):
         hold.release()
     if expired:

@@ -87,3 +87,27 @@ def test_a_request_past_its_deadline_is_only_claimed_never_generated(engine: Sim
     claim, outcome, _ = done.result(timeout=10)
     assert claim.expired and outcome is None
     assert engine.submitted == 0 and recorder.finished == []
+
+
+def test_a_request_started_at_delivery_is_taken_over_by_its_task_or_dropped(
+    engine: SimulatedEngine,
+):
+    from workers.batching import RequestAborted
+    from workers.prestart import PreStarts
+
+    prestarts = PreStarts(engine)
+    kept, dropped, late = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    prestarts.start(payload(kept, 5, 30))
+    prestarts.start(payload(dropped, 100_000, 30))
+    prestarts.start(payload(late, 5, -1))  # past its deadline: only its claim may run
+    assert len(prestarts) == 2 and prestarts.take(str(late)) is None
+    wait_for(lambda: engine.steps >= 2)  # both generating before any task ran
+    started = prestarts.take(str(kept))
+    assert started is not None and started.engine_id.startswith(f"{kept}:")
+    assert started.future.result(timeout=10).completion_tokens == 5
+    assert prestarts.take(str(kept)) is None  # taken once
+    doomed = prestarts._started[str(dropped)][0].future
+    prestarts.drop([str(dropped), str(uuid.uuid4())])  # its message was revoked
+    with pytest.raises(RequestAborted):
+        doomed.result(timeout=10)
+    assert len(prestarts) == 0

@@ -28,6 +28,7 @@ from workers.engine_budget import (
     estimated_tokens,
     guaranteed_requests,
 )
+from workers.prestart import PreStarts, Started
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class Dispatcher:
         self._asked: list[str] = []
         self._idle = False
         self._hub: Any = None
+        self.prestarts: PreStarts | None = None  # set by workers.serve once the engine is up
         self.fetched: dict[str, int] = {}  # messages delivered per queue
 
     def set_tiers(self, tiers: Iterable[TierPolicy]) -> None:
@@ -114,6 +116,8 @@ class Dispatcher:
         for payload in message_payloads(message):
             tokens = estimated_tokens(payload, self.bytes_per_token)
             self.budget.hold(queue, payload["request_id"], tokens)
+            if self.prestarts is not None:
+                self.prestarts.start(payload)
 
     def _wake(self) -> None:
         # Every tier was left out, so no BRPOP is pending and Celery's loop may sleep for
@@ -155,6 +159,21 @@ def _on_delivery(message: dict[str, Any], queue: str) -> None:
         dispatcher.delivered(message, queue)
     except Exception:  # a message we cannot read still goes to Celery, which reports it
         log.exception("could not count a message from %s against the engine budget", queue)
+
+
+def take_prestart(request_id: str) -> Started | None:
+    """The generation the delivery hook started for this request, for its task to take over."""
+    dispatcher = _dispatcher
+    if dispatcher is None or dispatcher.prestarts is None:
+        return None
+    return dispatcher.prestarts.take(request_id)
+
+
+def drop_prestarts(request_ids: list[str]) -> None:
+    """Abort the generations started for a message that will not run (revoked, expired)."""
+    dispatcher = _dispatcher
+    if dispatcher is not None and dispatcher.prestarts is not None:
+        dispatcher.prestarts.drop(request_ids)
 
 
 def take_holds(request_ids: Sequence[str]) -> list[Hold]:

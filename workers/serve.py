@@ -96,6 +96,7 @@ def _start_dispatcher(
     from workers import queue_order
     from workers.engine_budget import EngineLimits, default_token_budget
     from workers.periodic import Periodic
+    from workers.prestart import PreStarts
     from workers.tier_settings import load_tier_policies
 
     budget = token_budget or default_token_budget(
@@ -105,6 +106,7 @@ def _start_dispatcher(
         mode, EngineLimits(max_num_seqs, slots, budget), settings.LLMQUEUE_BYTES_PER_TOKEN
     )
     dispatcher.set_tiers(load_tier_policies())
+    dispatcher.prestarts = PreStarts(runtime.current_engine())
     queue_order.install(dispatcher)
     if mode is DispatchMode.FIFO and len(queues) > 1:
         print(
