@@ -9,7 +9,6 @@ wake up between two others (three wake-ups fewer on every request's critical pat
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -24,7 +23,7 @@ from llmqueue.payload import TaskPayload
 from llmqueue.recorder import Recorded, Recorder, get_recorder
 from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong
 from workers.engine_budget import NO_HOLD, Hold
-from workers.prestart import delivery_request
+from workers.prestart import start_generation, start_unless_overdue
 from workers.queue_order import take_holds, take_prestart
 from workers.runtime import current_engine
 
@@ -103,42 +102,33 @@ def start_prompt(
     it: nothing of it is generated."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
-    request = delivery_request(payload)
-    early: Future[GenerationResult] | None = None
-    prestarted = take_prestart(payload["request_id"])  # the delivery hook's, if it ran
-    if prestarted is not None:
-        engine_id, early, submitted_at = (
-            prestarted.engine_id,
-            prestarted.future,
-            prestarted.submitted_at,
-        )
-    else:
-        engine_id, submitted_at = request.request_id, time.time()
-        early = engine.submit(request) if payload["deadline_ts"] > submitted_at else None
+    # The delivery hook's generation if it ran, else one started now (unless overdue).
+    started = take_prestart(payload["request_id"]) or start_unless_overdue(engine, payload)
 
     def on_claim(claim: lifecycle.Claim) -> None:
         if claim.expired or claim.attempt is None:
-            if early is not None:
-                engine.abort(engine_id)
+            if started is not None:
+                engine.abort(started.engine_id)
             done.set_result((claim, None, None))
             return
         attempt = claim.attempt
-        started = submitted_at if early is not None else time.time()
+        # Overdue by this host's clock yet claimed (clocks differ): it runs all the same.
+        generation = started or start_generation(engine, payload)
 
         def on_generated(generated: Future[GenerationResult]) -> None:
             try:
-                outcome = outcome_of(request_id, attempt, generated, started)
+                outcome = outcome_of(request_id, attempt, generated, generation.submitted_at)
                 _then(
                     recorder.finish(outcome), done, lambda r: done.set_result((claim, outcome, r))
                 )
             except BaseException as exc:
                 done.set_exception(exc)
 
-        (early or engine.submit(request)).add_done_callback(on_generated)
+        generation.future.add_done_callback(on_generated)
 
     def on_claim_failed(failed: Future[lifecycle.Claim]) -> None:
-        if failed.exception() is not None and early is not None:
-            engine.abort(engine_id)  # nobody will record what it generates
+        if failed.exception() is not None and started is not None:
+            engine.abort(started.engine_id)  # nobody will record what it generates
 
     claimed = recorder.claim(request_id, worker)
     claimed.add_done_callback(on_claim_failed)

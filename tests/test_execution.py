@@ -14,6 +14,7 @@ from llmqueue import lifecycle
 from llmqueue.execution import start_prompt
 from llmqueue.payload import TaskPayload
 from llmqueue.recorder import Recorded, Recorder
+from tests.conftest import wait_until
 from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
 
 
@@ -50,17 +51,10 @@ def engine() -> Any:
     engine.close()
 
 
-def wait_for(condition: Any) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def test_the_engine_starts_while_the_claim_is_recorded(engine: SimulatedEngine):
     recorder, rid = HeldClaims(), uuid.uuid4()
     done = start_prompt(payload(rid, 5, 30), "w", cast(Recorder, recorder), engine)
-    wait_for(lambda: engine.steps >= 2)  # generating before anyone knows it may
+    wait_until(lambda: engine.steps >= 2, 10, "steps")  # generating before anyone knows it may
     recorder.claims[0].set_result(lifecycle.Claim(rid, attempt=1))
     claim, outcome, recorded = done.result(timeout=10)
     assert (claim.attempt, recorded) == (1, Recorded(won=True, published=True))
@@ -71,10 +65,10 @@ def test_the_engine_starts_while_the_claim_is_recorded(engine: SimulatedEngine):
 def test_a_lost_claim_takes_the_generation_back_and_records_nothing(engine: SimulatedEngine):
     recorder, rid = HeldClaims(), uuid.uuid4()
     done = start_prompt(payload(rid, 100_000, 30), "w", cast(Recorder, recorder), engine)
-    wait_for(lambda: engine.steps >= 2)
+    wait_until(lambda: engine.steps >= 2, 10, "steps")
     recorder.claims[0].set_result(lifecycle.Claim(rid, attempt=None))  # another attempt has it
     assert done.result(timeout=10) == (lifecycle.Claim(rid, attempt=None), None, None)
-    wait_for(lambda: engine.stats()["in_engine"] == 0)
+    wait_until(lambda: engine.stats()["in_engine"] == 0, 10, "the abort")
     assert recorder.finished == [] and engine.finished == 0
 
 
@@ -101,7 +95,7 @@ def test_a_request_started_at_delivery_is_taken_over_by_its_task_or_dropped(
     prestarts.start(payload(dropped, 100_000, 30))
     prestarts.start(payload(late, 5, -1))  # past its deadline: only its claim may run
     assert len(prestarts) == 2 and prestarts.take(str(late)) is None
-    wait_for(lambda: engine.steps >= 2)  # both generating before any task ran
+    wait_until(lambda: engine.steps >= 2, 10, "steps")  # both generating before any task ran
     started = prestarts.take(str(kept))
     assert started is not None and started.engine_id.startswith(f"{kept}:")
     assert started.future.result(timeout=10).completion_tokens == 5

@@ -40,6 +40,21 @@ def delivery_request(payload: TaskPayload) -> GenerationRequest:
     )
 
 
+def start_generation(engine: Engine, payload: TaskPayload) -> Started:
+    """Hand one delivery's request to the engine."""
+    request = delivery_request(payload)
+    submitted_at = time.time()
+    return Started(request.request_id, engine.submit(request), submitted_at)
+
+
+def start_unless_overdue(engine: Engine, payload: TaskPayload) -> Started | None:
+    """`start_generation`, unless the request's deadline passed: then only its claim may run,
+    which expires it, and nothing of it is generated."""
+    if payload["deadline_ts"] <= time.time():
+        return None
+    return start_generation(engine, payload)
+
+
 class PreStarts:
     """Thread-safe: started on the consumer thread, taken on task threads."""
 
@@ -49,11 +64,9 @@ class PreStarts:
         self._started: dict[str, list[Started]] = {}
 
     def start(self, payload: TaskPayload) -> None:
-        now = time.time()
-        if payload["deadline_ts"] <= now:
-            return  # only its claim may run now, which expires it
-        request = delivery_request(payload)
-        started = Started(request.request_id, self._engine.submit(request), now)
+        started = start_unless_overdue(self._engine, payload)
+        if started is None:
+            return
         with self._lock:
             self._started.setdefault(payload["request_id"], []).append(started)
 
