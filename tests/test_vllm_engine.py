@@ -24,6 +24,7 @@ def engine(tiny_model: Path) -> Iterator[VllmEngine]:
             gpu_memory_utilization=0.1,
             in_process=True,
             enforce_eager=True,
+            cpu_threads=1,
         )
     )
     yield engine
@@ -43,6 +44,11 @@ def test_concurrent_requests_are_batched_into_shared_steps(engine: VllmEngine):
     assert all(r.text and r.finish_reason == "length" for r in results)
     # One at a time would take 16 × 16 steps; continuous batching shares them.
     assert engine.steps - steps_before <= 24
+
+
+def test_the_engine_thread_uses_the_configured_cpu_threads(engine: VllmEngine):
+    engine.submit(GenerationRequest("threads-1", prompt="hi", max_tokens=1)).result(timeout=60)
+    assert engine.torch_threads == 1
 
 
 def test_chat_uses_the_model_chat_template(engine: VllmEngine):

@@ -21,6 +21,12 @@ _ENGINE_FLAGS: dict[str, tuple[str, type, str]] = {
         "share of GPU memory (CPU build: of node memory) vLLM may take",
     ),
     "--seed": ("seed", int, "engine seed"),
+    "--engine-cpu-threads": (
+        "cpu_threads",
+        int,
+        "vLLM CPU build: OpenMP threads for the engine (0 = one per core); cores minus one "
+        "leaves a core to the worker's consumer, as vLLM's own CPU executor does",
+    ),
     "--sim-time-scale": (
         "sim_time_scale",
         float,

@@ -22,6 +22,7 @@ class EngineOptions:
     seed: int = 0
     sim_time_scale: float = 1.0
     sim_max_num_batched_tokens: int = 8192
+    cpu_threads: int = 0
 
 
 class EngineNotReady(RuntimeError):
@@ -56,6 +57,7 @@ def build_engine(options: EngineOptions) -> Engine:
                 in_process=options.in_process,
                 enforce_eager=options.enforce_eager,
                 seed=options.seed,
+                cpu_threads=options.cpu_threads,
             )
         )
     raise ValueError(f"unknown engine kind {options.kind!r} (expected 'vllm' or 'simulated')")

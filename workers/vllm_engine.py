@@ -25,6 +25,11 @@ class VllmConfig:
     """Run vLLM's engine core in this process (CPU build: loads in ~4 s instead of ~30 s). On a GPU
     keep it False: the multiprocess core keeps vLLM's busy loop out of the worker's GIL."""
     enforce_eager: bool = False
+    cpu_threads: int = 0
+    """CPU build: OpenMP threads for the engine's torch ops (0: torch's default, one per core).
+    vLLM's own multiprocess CPU executor leaves a core to the process that schedules and feeds
+    the engine; in-process, the worker's consumer, claims and Redis round trips need it the same
+    way, or a request read from the broker waits for the busy cores (bench/headroom.py)."""
 
     def engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -83,6 +88,7 @@ class VllmEngine(ContinuousEngine):
         self.model_name = config.model
         self._engine: Any = None
         self._tokenizer: Any = None
+        self.torch_threads = 0  # what the engine thread's torch ops use, once loaded
         self.start()
 
     def _open(self) -> None:
@@ -92,11 +98,17 @@ class VllmEngine(ContinuousEngine):
         # cores on the host, and libgomp then stops spin-waiting: every op of every step waits
         # for a sleeping helper thread to wake (measured: ~3 ms more CPU per step, tiny Llama).
         prepare_vllm_environment(self.config.in_process)
+        import torch
+
+        if self.config.cpu_threads > 0:
+            # Before vLLM's CPU worker replaces torch.set_num_threads with a no-op.
+            torch.set_num_threads(self.config.cpu_threads)
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self._engine = LLMEngine.from_engine_args(EngineArgs(**self.config.engine_kwargs()))
         self._tokenizer = self._engine.get_tokenizer()
+        self.torch_threads = torch.get_num_threads()
 
     def _add(self, request: GenerationRequest) -> None:
         prompt: Any = request.prompt
