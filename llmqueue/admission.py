@@ -218,6 +218,7 @@ class Limits:
     max_wait_seconds: float  # the request's own deadline window (its tier's max wait or tighter)
     own_deadline: bool = False  # tighter than the tier's: only requests due first count ahead
     first_token_target_seconds: float | None = None  # the tier's SLO, if it sheds at it
+    target_fraction: float = 1.0  # of the target, the estimated wait admitted at most
 
     @property
     def sheds_at_target(self) -> bool:
@@ -228,7 +229,7 @@ class Limits:
     def acceptable_wait_seconds(self) -> float:
         """The longest estimated wait for an engine this request is admitted with."""
         if self.sheds_at_target:
-            return float(self.first_token_target_seconds or 0)
+            return float(self.first_token_target_seconds or 0) * self.target_fraction
         return self.max_wait_seconds
 
 
@@ -382,6 +383,7 @@ def limits_for(caller: Caller, route: ModelRoute, spec: PromptSpec | None = None
         first_token_target_seconds=(
             caller.first_token_target_seconds if settings.LLMQUEUE_SHED_AT_SLO else None
         ),
+        target_fraction=settings.LLMQUEUE_SHED_AT_SLO_FRACTION,
     )
 
 
@@ -449,9 +451,10 @@ def rejection(decision: Decision, limits: Limits, tenant: str) -> ApiError:
             "queue_full",
         ),
         TOO_SLOW: (
-            f"Queue {limits.queue!r} would not reach this request within its tier's "
-            f"{limits.acceptable_wait_seconds:g} s first-token target: {decision.ahead} requests "
-            f"waiting{wait}.",
+            f"Queue {limits.queue!r} would not reach this request within "
+            f"{limits.acceptable_wait_seconds:g} s ({limits.target_fraction:g} of its tier's "
+            f"{limits.first_token_target_seconds:g} s first-token target): {decision.ahead} "
+            f"requests waiting{wait}.",
             "slo_unreachable",
         )
         if limits.sheds_at_target

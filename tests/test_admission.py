@@ -14,8 +14,10 @@ import redis
 
 from llmqueue import accounting, admission, liveness, usage
 from llmqueue.admission import Decision, Limits
+from llmqueue.auth import Caller
 from llmqueue.lifecycle import Ended
 from llmqueue.models import TenantUsage
+from llmqueue.routing import ModelRoute
 from tests.conftest import T0, Seeded
 
 QUEUE = "default.interactive"
@@ -132,6 +134,35 @@ def test_a_tier_with_a_first_token_target_sheds_at_the_target_not_at_the_deadlin
     assert admit(lim, 1, 0.0).admitted
     # A target at or past the deadline changes nothing.
     assert limits(max_wait_seconds=2.0, first_token_target_seconds=5.0).acceptable_wait_seconds == 2
+
+
+def test_a_fraction_of_the_target_sheds_before_the_mean_wait_reaches_it(live):
+    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0, target_fraction=0.75)
+    assert lim.acceptable_wait_seconds == 0.75
+    live.lpush(QUEUE, *[f"m{i}" for i in range(4)])
+    tau = admission.drain_tau_seconds()
+    pipe = live.pipeline(transaction=False)
+    admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)
+    pipe.execute()
+    decision = admit(lim, 1, 0.0)  # 4 ahead at 4/s: 1 s, past 0.75 of the 1 s target
+    assert (decision.reason, decision.ahead) == ("too_slow", 4)
+    assert decision.retry_after_seconds == pytest.approx(0.25, rel=1e-3)
+    live.rpop(QUEUE, 1)  # 3 ahead: 0.75 s
+    assert admit(lim, 1, 0.0).admitted
+    assert live.llen(QUEUE) == 3  # admit decides; only the submission enqueues
+
+
+def test_limits_take_the_shedding_fraction_from_the_settings(settings):
+    settings.LLMQUEUE_SHED_AT_SLO_FRACTION = 0.5
+    caller = Caller(
+        key_id=1, tenant_id=1, tenant_name="t", tenant_active=True, key_revoked=False,
+        max_tokens_per_request=100, requests_per_second=1.0, burst=1, tokens_per_minute=1000,
+        max_tier_share=1.0, tier_id=1, tier_name="interactive", tier_priority=0,
+        max_wait_seconds=30, first_token_target_seconds=2.0, default_max_tokens=16,
+        max_queue_depth=10,
+    )  # fmt: skip
+    lim = admission.limits_for(caller, ModelRoute("m", "default", 2048, 512))
+    assert (lim.first_token_target_seconds, lim.acceptable_wait_seconds) == (2.0, 1.0)
 
 
 def test_judged_against_the_target_the_wait_includes_the_engines_measured_lead(live):

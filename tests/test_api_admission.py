@@ -110,8 +110,11 @@ def test_a_wait_past_the_tiers_first_token_target_is_503_and_nothing_stored(
     assert refused.status_code == 503
     error = refused.json()["error"]
     assert error["code"] == "slo_unreachable"
-    assert "0.5 s first-token target: 3 requests waiting" in error["message"]
-    assert refused.headers["Retry-After"] == "1"  # 0.25 s, rounded up
+    assert (
+        "within 0.375 s (0.75 of its tier's 0.5 s first-token target): 3 requests waiting"
+        in (error["message"])
+    )
+    assert refused.headers["Retry-After"] == "1"  # 0.375 s, rounded up
     assert PromptRequest.objects.count() == 3 and queued_messages(clean_redis) == 3
 
 
