@@ -10,7 +10,9 @@ the row's insert and the publish to the broker. No engine consumes the queue: th
 beats the pool's liveness key itself (a worker would take the same two cores and measure the
 worker); the tier's depth cap is raised so the growing queue never refuses.
 
-Three phases, one run, a small asyncio client on loopback (pre-encoded requests, keep-alive):
+Three phases, one run, a small asyncio client on loopback (uvloop by default; pre-encoded
+requests, keep-alive). The API's Server-Timing header gives each answer's time inside the app,
+reported beside the client's figure, and the client reports how late its own timer fired:
 
 1. admitted throughput: `--connections` connections send admitted requests back to back for
    `--duration` s; admitted_rps = 202s ÷ elapsed.
@@ -29,14 +31,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis as redis_client
 
@@ -51,6 +55,7 @@ MODEL = "sim"
 GOAL_ADMITTED_RPS = 400.0
 GOAL_REJECT_P99_MS = 10.0
 GOAL_OVER_ADMISSION = 1.0
+T = TypeVar("T")
 UNLIMITED = {"requests_per_second": 1e6, "burst": 10**6, "tokens_per_minute": 10**9}
 
 
@@ -63,6 +68,7 @@ class Reply:
     ended: float
     status: int
     retry_after: str
+    app_ms: float | None = None  # the server's own Server-Timing: time inside the app
 
     @property
     def latency_ms(self) -> float:
@@ -85,7 +91,7 @@ class Connection:
         self.writer.write(request)
         head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         status = int(head[0].split(" ", 2)[1])
-        length, retry_after = 0, ""
+        length, retry_after, app_ms = 0, "", None
         for line in head[1:]:
             name, _, value = line.partition(":")
             name = name.strip().lower()
@@ -93,8 +99,10 @@ class Connection:
                 length = int(value)
             elif name == "retry-after":
                 retry_after = value.strip()
+            elif name == "server-timing":
+                app_ms = float(value.partition("dur=")[2])
         await self.reader.readexactly(length)
-        return Reply(kind, started, time.perf_counter(), status, retry_after)
+        return Reply(kind, started, time.perf_counter(), status, retry_after, app_ms)
 
     def close(self) -> None:
         self.writer.close()
@@ -137,14 +145,16 @@ async def closed_loop(
 
 async def open_loop(
     port: int, streams: list[tuple[str, bytes, float, int]], seconds: float
-) -> tuple[list[Reply], float, float]:
+) -> tuple[list[Reply], float, dict[str, Any]]:
     """Each (kind, request, rate, connections) stream sends at fixed intervals regardless of
     answers, over its own pool of keep-alive connections opened beforehand (a client's pool: no
     connection storm when the server slows down). A send waits for a free connection; its
     latency counts from its scheduled time, so that wait is in the figure (no coordinated
-    omission). Returns the replies, the elapsed time and the longest wait for a connection."""
+    omission). Returns the replies, the elapsed time, the longest wait for a connection and how
+    late the client's own timer fired (a client starved of CPU inflates every latency)."""
     replies: list[Reply] = []
     waited: list[float] = []
+    late: list[float] = []  # the client's own timer: woken this long after a scheduled send
 
     async def stream(kind: str, request: bytes, rate: float, connections: int) -> None:
         idle: asyncio.Queue[Connection] = asyncio.Queue()
@@ -157,7 +167,7 @@ async def open_loop(
             waited.append(time.perf_counter() - scheduled)
             try:
                 reply = await conn.exchange(kind, request)
-                replies.append(Reply(kind, scheduled, reply.ended, reply.status, reply.retry_after))
+                replies.append(dataclasses.replace(reply, started=scheduled))
             except (ConnectionError, asyncio.IncompleteReadError):
                 # The server dropped the connection: an answer that never came (status 0).
                 replies.append(Reply(kind, scheduled, time.perf_counter(), 0, ""))
@@ -171,6 +181,7 @@ async def open_loop(
             delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            late.append(time.perf_counter() - scheduled)
             task = asyncio.create_task(send(scheduled))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -181,7 +192,21 @@ async def open_loop(
     t0 = time.perf_counter()
     await asyncio.gather(*(stream(*s) for s in streams if s[2] > 0))
     elapsed = time.perf_counter() - t0
-    return replies, elapsed, max(waited, default=0.0) * 1000.0
+    lags = {
+        "max_wait_for_connection_ms": round(max(waited, default=0.0) * 1000.0, 3),
+        "client_timer_late_ms": summary_ms([x * 1000.0 for x in late]),
+    }
+    return replies, elapsed, lags
+
+
+def run_client(main: Coroutine[Any, Any, T], loop: str) -> T:
+    """Run the load generator on uvloop (libuv's timers and sockets: less of the client's own
+    CPU and timer lateness in every figure) or on asyncio's default loop."""
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
 
 
 def by_kind(replies: list[Reply], kind: str) -> list[Reply]:
@@ -211,6 +236,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--limit-burst", type=int, default=20, help="phase 3 tenant's burst")
     parser.add_argument("--api-workers", type=int, default=2, help="granian processes")
     parser.add_argument("--threads", type=int, default=8, help="granian blocking threads")
+    parser.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop")
     parser.add_argument("--redis-db", type=int, default=12, help="Redis db number, flushed")
     parser.add_argument(
         "--database-url", default=None, help="override $DATABASE_URL (postgres://… or sqlite:///…)"
@@ -249,11 +275,9 @@ def queued(url: str) -> int:
         client.close()
 
 
-async def phases(
-    port: int, keys: dict[str, str], args: argparse.Namespace
-) -> dict[str, tuple[list[Reply], float]]:
+async def phases(port: int, keys: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     load = completion_request(port, keys["load"])
-    out: dict[str, tuple[list[Reply], float]] = {}
+    out: dict[str, Any] = {}
     # Warm both server processes' caches (auth, routes) and connections; not counted.
     await closed_loop(port, "warmup", load, args.connections, 2.0)
     # The one request each rejecting tenant may have: after it, "limited" is over its rate and
@@ -270,9 +294,9 @@ async def phases(
         ("429", completion_request(port, keys["limited"]), args.reject_rps, 8),
         ("503", completion_request(port, keys["crowded"]), args.reject_rps, 8),
     ]
-    replies, seconds, lag_ms = await open_loop(port, streams, args.duration)
+    replies, seconds, lags = await open_loop(port, streams, args.duration)
     out["rejections"] = (replies, seconds)
-    out["send_lag"] = ([], lag_ms)
+    out["send_lag"] = lags
     hammer = completion_request(port, keys["hammer"])
     out["hammer"] = await closed_loop(
         port, "hammer", hammer, args.hammer_connections, args.duration
@@ -299,7 +323,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             harness.wait_for_http(HOST, port, started[-1])
             cpu_before = cpu_snapshot(started, redis)
             t0 = time.perf_counter()
-            runs = asyncio.run(phases(port, keys, args))
+            runs = run_client(phases(port, keys, args), args.client_loop)
             cpu_after = cpu_snapshot(started, redis)
             elapsed = time.perf_counter() - t0
             if not started[-1].running():
@@ -316,7 +340,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarise(
     args: argparse.Namespace,
-    runs: dict[str, tuple[list[Reply], float]],
+    runs: dict[str, Any],
     messages: int,
     rows: int,
     server: harness.ApiServer,
@@ -374,7 +398,10 @@ def summarise(
                 kind: round(len(by_kind(rejections, kind)) / rejections_s, 1)
                 for kind in ("admitted", "429", "503")
             },
-            "max_wait_for_connection_ms": round(runs["send_lag"][1], 3),
+            **runs["send_lag"],
+            "rejection_in_app": summary_ms(
+                [r.app_ms for r in rejections if r.kind in ("429", "503") and r.app_ms is not None]
+            ),
             "latency": {
                 kind: summary_ms([r.latency_ms for r in by_kind(rejections, kind)])
                 for kind in ("admitted", "429", "503")
@@ -402,7 +429,7 @@ def summarise(
         },
         "config": {
             "api": server.describe(),
-            "client": "bench/admission.py asyncio, keep-alive, loopback",
+            "client": f"bench/admission.py on {args.client_loop}, keep-alive, loopback",
             "engine": "none: the benchmark beats the pool's liveness; the queue is not consumed",
             "database": database,
             "label": args.label,
@@ -426,6 +453,11 @@ def report(result: dict[str, Any]) -> str:
             f"  under load, {kind:8s} at {phase2['achieved_rps'][kind]:6.1f}/s: "
             f"p50 {stats.get('p50_ms')} p99 {stats.get('p99_ms')} ms"
         )
+    in_app, late = phase2["rejection_in_app"], phase2["client_timer_late_ms"]
+    lines.append(
+        f"  rejections inside the app (Server-Timing) p50 {in_app.get('p50_ms')} p99 "
+        f"{in_app.get('p99_ms')} ms; client timer late p99 {late.get('p99_ms')} ms"
+    )
     lines.append(
         f"  rejections p50 {result['reject_p50_ms']} p99 {result['reject_p99_ms']} ms; "
         f"over-admission {result['over_admission']} ({phase3['admitted']} admitted of "

@@ -5,6 +5,13 @@ pre_save and get_db_prep_save and assembling the SQL cost ~40% of an admitted AP
 (cProfile on the API path). The statement is the same every time, and most columns are plain
 strings or integers the database driver takes as they are; only fields that need the backend's
 conversion (UUIDs and datetimes on SQLite, JSON everywhere) still go through it.
+
+On PostgreSQL it runs on a server-binding psycopg cursor: Django's psycopg 3 backend binds
+parameters on the client by default, quoting 23 values into the SQL text in Python on every call.
+Sent apart, the values need no quoting, and psycopg prepares the statement after a few runs, so
+the server skips parsing and planning too (~0.3 ms less API CPU per admitted request, measured
+side by side in one process). Behind PgBouncer in transaction mode (before 1.21) set
+`prepare_threshold: None` in the database OPTIONS.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+import psycopg
 from django.db import connections, models
 
 from llmqueue.models import PromptRequest
@@ -57,7 +65,15 @@ def insert_request(row: PromptRequest, using: str = "default") -> None:
         getattr(row, attname) if prepare is None else prepare(getattr(row, attname))
         for attname, prepare in columns
     ]
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, values)
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        connection.ensure_connection()
+        # Django's wrapper still turns a driver error into django.db's (IntegrityError, ...),
+        # and marks the connection for a health check, as its own cursors do.
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, values)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, values)
     row._state.adding = False
     row._state.db = using

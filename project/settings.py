@@ -36,8 +36,10 @@ MIDDLEWARE = [
 ]
 
 # The API under /v1/ (bearer keys, no sessions or forms) runs with only these (project/wsgi.py):
-# security headers, and CommonMiddleware's Content-Length so keep-alive clients need no chunking.
+# time spent in the app as a Server-Timing header, security headers, and CommonMiddleware's
+# Content-Length so keep-alive clients need no chunking.
 API_MIDDLEWARE = [
+    "llmqueue.server_timing.ServerTimingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.common.CommonMiddleware",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import IntegrityError, transaction
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
@@ -59,3 +60,11 @@ def test_insert_request_keeps_nulls_and_empty_strings():
         None,
         None,
     )
+
+
+def test_a_refused_insert_raises_djangos_database_error():
+    row = a_request()
+    insert_request(row)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        insert_request(a_request(id=row.pk))  # the same primary key
+    assert PromptRequest.objects.count() == 1

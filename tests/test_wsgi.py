@@ -34,6 +34,8 @@ def test_api_paths_skip_sessions_and_csrf_but_keep_content_length():
     assert headers["X-Content-Type-Options"] == "nosniff"  # SecurityMiddleware still runs
     assert "Set-Cookie" not in headers
     assert "Vary" not in headers  # nothing read a session or cookie
+    name, _, duration = headers["Server-Timing"].partition(";dur=")
+    assert name == "app" and 0 < float(duration) < 10_000
 
 
 @pytest.mark.django_db
@@ -42,3 +44,4 @@ def test_admin_keeps_the_full_middleware_stack():
     assert status.startswith("200")
     assert "csrftoken=" in headers["Set-Cookie"]  # CSRF middleware ran for the login form
     assert "Cookie" in headers["Vary"]
+    assert "Server-Timing" not in headers  # the API's timing only
