@@ -296,7 +296,7 @@ async def phases(port: int, keys: dict[str, str], args: argparse.Namespace) -> d
     ]
     replies, seconds, lags = await open_loop(port, streams, args.duration)
     out["rejections"] = (replies, seconds)
-    out["send_lag"] = lags
+    out["lags"] = lags
     hammer = completion_request(port, keys["hammer"])
     out["hammer"] = await closed_loop(
         port, "hammer", hammer, args.hammer_connections, args.duration
@@ -398,7 +398,7 @@ def summarise(
                 kind: round(len(by_kind(rejections, kind)) / rejections_s, 1)
                 for kind in ("admitted", "429", "503")
             },
-            **runs["send_lag"],
+            **runs["lags"],
             "rejection_in_app": summary_ms(
                 [r.app_ms for r in rejections if r.kind in ("429", "503") and r.app_ms is not None]
             ),
