@@ -15,7 +15,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -160,19 +160,29 @@ def stop_children(children: list[Child]) -> None:
 
 
 @contextmanager
-def signals_as_interrupt() -> Iterator[None]:
-    """SIGINT and SIGTERM stop the demo the same way, so the cleanup below runs for both (SIGINT
-    too, since a shell starts background jobs with it ignored)."""
-
-    def interrupt(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+def _stop_signals_handled(handler: Any) -> Iterator[None]:
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, before in previous.items():
+            signal.signal(s, before)
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def signals_as_interrupt() -> AbstractContextManager[None]:
+    """SIGINT and SIGTERM stop the demo the same way, so the cleanup below runs for both (SIGINT
+    too, since a shell starts background jobs with it ignored)."""
+    return _stop_signals_handled(_interrupt)
+
+
+def signals_ignored() -> AbstractContextManager[None]:
+    """While the demo stops what it started: a second Ctrl-C must not cut that short, or the
+    worker (in its own process group, holding the engine) outlives the demo."""
+    return _stop_signals_handled(signal.SIG_IGN)
 
 
 # --- setup steps ----------------------------------------------------------------------------
@@ -510,4 +520,5 @@ def run_demo(preferred_port: int, exit_after_results: bool) -> None:
                 except KeyboardInterrupt:
                     say("")
         finally:
-            stop_children(children)
+            with signals_ignored():
+                stop_children(children)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from llmqueue.demo import PROMPT_COUNT
+from llmqueue.demo import PROMPT_COUNT, signals_as_interrupt, signals_ignored
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,3 +59,15 @@ def test_demo_serves_every_prompt_and_stops_what_it_started(tmp_path: Path) -> N
     assert f"http://127.0.0.1:{web_port}/admin/" in done.stdout
     assert not listening(redis_port)
     assert not listening(web_port)
+
+
+def test_a_second_stop_signal_does_not_cut_the_cleanup_short() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with signals_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        with signals_ignored():  # what the demo holds while it stops its children
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM)  # raising again
+    assert signal.getsignal(signal.SIGTERM) is before
