@@ -164,6 +164,10 @@ admin edits reach running workers within this bound, without a restart."""
 LLMQUEUE_DEADLINE_SWEEP_SECONDS = env.float("LLMQUEUE_DEADLINE_SWEEP_SECONDS", default=1.0)
 """Seconds between a GPU worker's sweeps that expire queued requests past their deadline (and
 tell their callers), however deep their messages are in a queue (`--dispatch ours` only)."""
+LLMQUEUE_HEADROOM_WINDOW_SECONDS = env.float("LLMQUEUE_HEADROOM_WINDOW_SECONDS", default=60.0)
+"""Seconds over which a worker remembers the most requests each tier held at once: a capped
+tier (max_engine_share < 1) leaves the more urgent tiers that peak (above what they hold now)
+plus one sequence free, so an arrival within their recent demand never waits for a slot."""
 LLMQUEUE_TYPICAL_REQUEST_TOKENS = env.int("LLMQUEUE_TYPICAL_REQUEST_TOKENS", default=1024)
 """Tokens (prompt + max_tokens) of a typical request: a worker's default token budget is
 max_num_seqs × this (`--token-budget` overrides it)."""

@@ -18,10 +18,12 @@ from workers.dispatch import (
     TierPolicy,
     WeightedOrder,
 )
+from workers.engine import GenerationRequest
 from workers.engine_budget import (
     NO_HOLD,
     EngineBudget,
     EngineLimits,
+    RecentPeak,
     default_token_budget,
     estimated_tokens,
     guaranteed_requests,
@@ -104,23 +106,73 @@ def test_tier_caps_keep_headroom_of_the_engine_for_more_urgent_tiers():
     assert default_token_budget(64, 1024) == 65_536
 
 
-def test_a_capped_tier_leaves_its_headroom_on_top_of_what_more_urgent_tiers_hold():
-    budget = EngineBudget(LIMITS)  # 16 sequences: batch (0.75) fetches while the engine holds < 12
-    for i in range(6):
-        budget.hold(INTER, f"i{i}", 10)
-    for i in range(5):
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_capped_tier_fills_the_engine_but_one_sequence_while_no_urgent_tier_held_any():
+    budget = EngineBudget(LIMITS)  # 16 sequences, 32 task slots
+    assert budget.joins_engine(BATCH, 14, 14, 0.75, urgent=[INTER])  # one more leaves one free
+    assert not budget.joins_engine(BATCH, 15, 15, 0.75, urgent=[INTER])  # the last: interactive's
+    assert budget.joins_engine(BATCH, 15, 15, 0.75)  # no more urgent tier here: none kept free
+    assert budget.joins_engine(INTER, 16, 0, 1.0, urgent=[])  # uncapped: vLLM's queue orders it
+    for i in range(30):  # fetched beyond the engine, batch's requests wait in the worker ...
         budget.hold(BATCH, f"b{i}", 10)
-    assert budget.admits(BATCH, 0.75)  # 11 held: the 12th may be batch's
-    budget.hold(BATCH, "b5", 10)
-    assert not budget.admits(BATCH, 0.75)  # 4 sequences stay free for interactive's next burst
-    for i in range(6, 10):
+    assert budget.admits(BATCH, 0.75, urgent=[INTER])
+    budget.hold(BATCH, "b30", 10)
+    assert not budget.admits(BATCH, 0.75, urgent=[INTER])  # ... and leave a task slot free
+    assert budget.admits(INTER, 1.0)
+
+
+def test_a_capped_tier_leaves_free_what_the_urgent_tiers_held_at_their_recent_peak():
+    clock = Clock()
+    budget = EngineBudget(LIMITS, headroom_window_seconds=60, clock=clock)
+    for i in range(4):  # an interactive burst of 4, then it finishes
         budget.hold(INTER, f"i{i}", 10)
-    assert budget.admits(INTER, 1.0)  # interactive takes the headroom, and more task slots
-    assert not budget.admits(BATCH, 0.75)  # batch shrinks as the ones it holds finish
-    for hold in budget.take([f"i{i}" for i in range(7)]):
+    for hold in budget.take([f"i{i}" for i in range(4)]):
         hold.release()
-    assert budget.usage(INTER).requests == 3 and budget.usage(BATCH).requests == 6
-    assert budget.admits(BATCH, 0.75)  # interactive quieter: batch grows back to the line
+    # Peak 4 + 1 = 5 free, but at most the share's 4: the 12th may join, not the 13th.
+    assert budget.joins_engine(BATCH, 11, 11, 0.75, urgent=[INTER])
+    assert not budget.joins_engine(BATCH, 12, 12, 0.75, urgent=[INTER])
+    budget.hold(INTER, "i4", 10)
+    budget.hold(INTER, "i5", 10)  # interactive holds 2 of its peak 4: 2 more + 1 stay free
+    assert budget.joins_engine(BATCH, 12, 10, 0.75, urgent=[INTER])
+    assert not budget.joins_engine(BATCH, 13, 11, 0.75, urgent=[INTER])
+    clock.now += 61  # the burst is older than the window: only what interactive holds counts
+    assert budget.joins_engine(BATCH, 14, 12, 0.75, urgent=[INTER])
+    assert not budget.joins_engine(BATCH, 15, 13, 0.75, urgent=[INTER])  # the last stays free
+
+
+def test_under_a_heavy_urgent_load_a_capped_tier_leaves_its_shares_rest_free():
+    budget = EngineBudget(LIMITS)  # 16 sequences: batch (0.75) leaves at most 4 free
+    for i in range(10):
+        budget.hold(INTER, f"i{i}", 10)
+    for hold in budget.take([f"i{i}" for i in range(9)]):
+        hold.release()  # interactive peaked at 10, holds 1 now: spare 9, capped to 4
+    assert budget.joins_engine(BATCH, 11, 10, 0.75, urgent=[INTER])
+    assert not budget.joins_engine(BATCH, 12, 11, 0.75, urgent=[INTER])  # 4 stay free
+    assert budget.joins_engine(BATCH, 14, 1, 0.75, 2, urgent=[INTER])  # its guaranteed share
+
+
+def test_recent_peak_forgets_what_is_older_than_its_window_but_not_what_is_held_now():
+    clock = Clock()
+    peak = RecentPeak(10, clock)
+    for held in (1, 2, 3, 2):
+        peak.observe(held)
+    assert peak.peak() == 3 and peak.now == 2
+    clock.now += 5
+    peak.observe(1)
+    assert peak.peak() == 3
+    clock.now += 11
+    assert peak.peak() == 1  # the 3 aged out; the level held since counts
+    peak.observe(0)
+    assert peak.peak() == 1  # still this second's and the window's
+    clock.now += 11
+    assert peak.peak() == 0
 
 
 def test_a_capped_tier_keeps_its_weights_share_however_busy_the_others_are():
@@ -140,8 +192,10 @@ def test_a_capped_tier_keeps_its_weights_share_however_busy_the_others_are():
 
 def test_dispatcher_guarantees_each_tier_its_weights_share():
     d = dispatcher(limits=EngineLimits(max_num_seqs=36, task_slots=40, token_budget=100_000))
-    for i in range(30):
+    for i in range(36):
         d.budget.hold(INTER, f"i{i}", 10)
+    for hold in d.budget.take([f"i{i}" for i in range(6)]):
+        hold.release()  # interactive peaked at 36: batch's headroom is the share's 9
     for i in range(3):
         d.budget.hold(BATCH, f"b{i}", 10)
     assert d.order([INTER, BATCH]) == [INTER, BATCH]  # 3 < 4 = 1/9 of 36
@@ -165,18 +219,18 @@ def test_estimated_tokens_are_prompt_bytes_per_token_plus_max_tokens():
 
 def test_budget_counts_requests_from_delivery_to_release():
     budget = EngineBudget(LIMITS)
-    for i in range(11):
+    for i in range(30):
         budget.hold(BATCH, f"b{i}", 100)
-    assert budget.admits(BATCH, 0.75)
-    budget.hold(BATCH, "b11", 100)
-    assert not budget.admits(BATCH, 0.75)  # 12 held: the cap
+    assert budget.admits(BATCH, 0.75, urgent=[INTER])
+    budget.hold(BATCH, "b30", 100)
+    assert not budget.admits(BATCH, 0.75, urgent=[INTER])  # 31 held: one task slot stays free
     assert budget.admits(INTER, 1.0)
     [hold] = budget.take(["b3"])
     assert budget.take(["never-delivered"]) == [NO_HOLD]
     hold.release()
     hold.release()  # once only
-    assert budget.usage(BATCH).requests == 11 and budget.usage(BATCH).tokens == 1100
-    assert budget.admits(BATCH, 0.75)
+    assert budget.usage(BATCH).requests == 30 and budget.usage(BATCH).tokens == 3000
+    assert budget.admits(BATCH, 0.75, urgent=[INTER])
 
 
 def test_token_budget_holds_back_every_tier_when_long_prompts_fill_it():
@@ -209,16 +263,27 @@ def dispatcher(mode: DispatchMode = DispatchMode.OURS, limits: EngineLimits = LI
 
 def test_dispatcher_leaves_a_capped_tier_out_and_wakes_the_loop_when_all_are_out():
     d = dispatcher(limits=EngineLimits(max_num_seqs=4, task_slots=8, token_budget=100_000))
-    for i in range(3):
+    for i in range(7):
         d.budget.hold(BATCH, f"b{i}", 10)
-    assert d.order([INTER, BATCH]) == [INTER]  # batch holds floor(0.75 × 4) = 3
+    assert d.order([INTER, BATCH]) == [INTER]  # batch leaves interactive one task slot
     assert d.held_back([INTER, BATCH])
     for i in range(8):
         d.budget.hold(INTER, f"i{i}", 10)
     assert d.order([INTER, BATCH]) == []  # interactive holds every task slot too
     d.budget.take(["i0"])[0].release()
     assert d._hub.calls == 1  # nothing was being fetched: the loop must look again
-    assert d.order([INTER, BATCH]) == [INTER]  # batch stays out: the engine holds 10 ≥ 3
+    assert d.order([INTER, BATCH]) == [INTER]  # batch stays out: the worker holds 14
+
+
+def test_dispatcher_parks_a_capped_tiers_request_while_the_engine_holds_the_headroom():
+    d = dispatcher(limits=EngineLimits(max_num_seqs=4, task_slots=8, token_budget=100_000))
+    d.order([INTER, BATCH])  # kombu asks for both queues: interactive is batch's urgent tier
+    batch = GenerationRequest("b", lane=BATCH, priority=6)
+    assert d.may_start(batch, 2, 2)
+    assert not d.may_start(batch, 3, 3)  # the 4th sequence stays interactive's
+    assert d.may_start(GenerationRequest("i", lane=INTER), 4, 0)
+    assert d.may_start(GenerationRequest("x"), 4, 4)  # started by its task, not at delivery
+    assert dispatcher(DispatchMode.STRICT).may_start(batch, 16, 16)  # baselines park nothing
 
 
 @pytest.mark.parametrize("mode", [DispatchMode.FIFO, DispatchMode.STRICT])
@@ -275,7 +340,7 @@ def test_tier_cycle_is_kombus_round_robin_without_a_dispatcher_and_polls_fast_wh
     queue_order.install(d)
     try:
         assert cycle.consume(2) == [INTER, BATCH]
-        for i in range(3):
+        for i in range(7):
             d.budget.hold(BATCH, f"b{i}", 10)
         assert cycle.poll_timeout(1.0) == queue_order.HELD_BACK_POLL_SECONDS
         assert cycle.consume(2) == [INTER]

@@ -141,3 +141,48 @@ def test_an_aborted_request_fails_its_future_and_leaves_the_batch():
         assert engine.stats()["in_engine"] == 0 and not engine._running and not engine._waiting
     finally:
         engine.close()
+
+
+def test_admission_parks_a_refused_request_until_the_engine_has_room_for_it():
+    from concurrent.futures import Future
+
+    from workers.batching import RequestAborted
+
+    engine = SimulatedEngine(
+        SimulatedConfig(max_num_seqs=4, step_time=StepTimeModel(time_scale=0)), start=False
+    )
+    # Batch may hold 3 of the 4 sequences; interactive always joins.
+    engine.admission = lambda request, in_engine, _: request.lane != "batch" or in_engine < 3
+    joined: dict[str, int] = {}
+    add = engine._add
+
+    def add_and_note(request: GenerationRequest) -> None:
+        joined[request.request_id] = engine.steps
+        add(request)
+
+    engine._add = add_and_note  # type: ignore[method-assign]
+    futures: dict[str, Future] = {}
+
+    def arrive(name: str, lane: str, priority: int) -> None:
+        futures[name] = Future()
+        request = GenerationRequest(name, prompt="abcd", max_tokens=2, priority=priority, lane=lane)
+        engine._arrive(request, futures[name])
+
+    for name in ("b1", "b2", "b3", "b4", "b5"):
+        arrive(name, "batch", 6)
+    arrive("i1", "interactive", 0)
+    assert engine.stats()["in_engine"] == 4 and engine.stats()["parked"] == 2
+    engine._drop("b5")  # aborted while parked: it never reaches the engine
+    with pytest.raises(RequestAborted):
+        futures["b5"].result(0)
+    while engine._has_work() or engine._parked:
+        engine._start_parked()
+        finished = engine._step()
+        engine.steps += 1
+        for result in finished:
+            future = engine._forget(result.request_id)
+            assert future is not None
+            future.set_result(result)
+    assert joined == {"b1": 0, "b2": 0, "b3": 0, "i1": 0, "b4": 2}  # b4 once the first ended
+    assert all(futures[n].result(0).completion_tokens == 2 for n in ("b1", "b2", "b3", "b4", "i1"))
+    assert engine.stats()["parked"] == 0 and engine.stats()["in_engine"] == 0

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import logging
 import queue
 import threading
 import time
 from array import array
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import IO, Any
 
@@ -21,6 +25,9 @@ _IDLE_POLL_SECONDS = 0.5
 _STEP_CLOCK_SIZE = 65536
 _Arrival = tuple[GenerationRequest, Future[GenerationResult]]
 _Abort = str  # the id of a submitted request to drop
+# May this request join the engine now? Given the request, how many requests the engine holds
+# and how many of them came from the request's lane (see ContinuousEngine.admission).
+Admission = Callable[[GenerationRequest, int, int], bool]
 
 
 class RequestAborted(Exception):
@@ -33,6 +40,12 @@ class ContinuousEngine:
 
     Subclasses implement `_add` (queue one request in the engine), `_step` (run one step, return the
     requests that finished) and `_has_work`, and may build the engine in `_open`.
+
+    `admission`, if set, decides at every step which arrivals join the engine: one it refuses
+    waits here, parked (in priority, then arrival order; after any parked request of its own
+    lane), and joins at the first step it is admitted. The worker parks a capped tier's requests
+    while the engine holds the more urgent tiers' headroom (workers/queue_order.py), since vLLM
+    would fill a free running slot from its own waiting queue, whoever the slot was kept for.
     """
 
     model_name = ""
@@ -40,6 +53,13 @@ class ContinuousEngine:
     def __init__(self) -> None:
         self._inbox: queue.SimpleQueue[_Arrival | _Abort | None] = queue.SimpleQueue()
         self._futures: dict[str, Future[GenerationResult]] = {}
+        self.admission: Admission | None = None
+        self._lanes: Counter[str] = Counter()  # requests in the engine per lane
+        self._lane_of: dict[str, str] = {}
+        self._parked: dict[str, _Arrival] = {}
+        self._parked_order: list[tuple[int, int, str]] = []  # heap of (priority, seq, id)
+        self._parked_lanes: Counter[str] = Counter()
+        self._arrivals = itertools.count()
         self.steps = 0
         self.submitted = 0
         self.finished = 0
@@ -73,6 +93,7 @@ class ContinuousEngine:
             "submitted": self.submitted,
             "finished": self.finished,
             "in_engine": len(self._futures),
+            "parked": len(self._parked),
         }
 
     def log_steps(self, path: str) -> None:
@@ -131,16 +152,64 @@ class ContinuousEngine:
     def _arrive(self, request: GenerationRequest, future: Future[GenerationResult]) -> None:
         if not future.set_running_or_notify_cancel():
             return
+        if self._parked_lanes[request.lane] or not self._admitted(request):
+            self._park(request, future)
+        else:
+            self._join(request, future)
+
+    def _admitted(self, request: GenerationRequest) -> bool:
+        admission = self.admission
+        if admission is None:
+            return True
+        return admission(request, len(self._futures), self._lanes[request.lane])
+
+    def _join(self, request: GenerationRequest, future: Future[GenerationResult]) -> None:
         try:
             self._add(request)
         except Exception as exc:  # a bad request must not stop the loop
             future.set_exception(exc)
         else:
             self._futures[request.request_id] = future
+            self._lanes[request.lane] += 1
+            self._lane_of[request.request_id] = request.lane
             self.submitted += 1
 
-    def _drop(self, request_id: str) -> None:
+    def _park(self, request: GenerationRequest, future: Future[GenerationResult]) -> None:
+        self._parked[request.request_id] = (request, future)
+        self._parked_lanes[request.lane] += 1
+        entry = (request.priority, next(self._arrivals), request.request_id)
+        heapq.heappush(self._parked_order, entry)
+
+    def _unpark(self, request_id: str) -> _Arrival | None:
+        arrival = self._parked.pop(request_id, None)
+        if arrival is not None:
+            self._parked_lanes[arrival[0].lane] -= 1
+        return arrival
+
+    def _start_parked(self) -> None:
+        """Let parked requests join while admitted, most urgent first."""
+        while self._parked_order:
+            request_id = self._parked_order[0][2]
+            arrival = self._parked.get(request_id)
+            if arrival is not None and not self._admitted(arrival[0]):
+                return
+            heapq.heappop(self._parked_order)
+            if self._unpark(request_id) is not None and arrival is not None:
+                self._join(*arrival)
+
+    def _forget(self, request_id: str) -> Future[GenerationResult] | None:
+        """Take a request that left the engine off the books; its future if it was there."""
         future = self._futures.pop(request_id, None)
+        if future is not None:
+            self._lanes[self._lane_of.pop(request_id, "")] -= 1
+        return future
+
+    def _drop(self, request_id: str) -> None:
+        parked = self._unpark(request_id)
+        if parked is not None:  # never reached the engine: nothing to release there
+            parked[1].set_exception(RequestAborted(request_id))
+            return
+        future = self._forget(request_id)
         if future is None:  # finished already, or aborted before it arrived (arrivals come first)
             return
         try:
@@ -156,7 +225,10 @@ class ContinuousEngine:
             self._opened.set_exception(exc)
             return
         self._opened.set_result(None)
-        while self._take_arrivals(block=not self._has_work()):
+        while True:
+            self._start_parked()  # before blocking: the last step may have made room
+            if not self._take_arrivals(block=not self._has_work()):
+                break
             if not self._has_work():
                 continue
             started = 0.0 if self._step_log is None else time.time()
@@ -172,11 +244,12 @@ class ContinuousEngine:
             if self._step_log is not None:
                 self._step_log.write(f"{self.steps} {started:.6f} {ended:.6f}\n")
             for result in finished:
-                future = self._futures.pop(result.request_id, None)
+                future = self._forget(result.request_id)
                 if future is not None:
                     self.finished += 1
                     future.set_result(self._dated(result))
         self._fail_all(RuntimeError("engine closed"))
+        self._fail_parked(RuntimeError("engine closed"))
 
     def _dated(self, result: GenerationResult) -> GenerationResult:
         """`result` with the wall-clock end of its first token's step, if still remembered."""
@@ -194,4 +267,13 @@ class ContinuousEngine:
         except Exception:
             log.exception("abort after failure failed")
         for request_id in ids:
-            self._futures.pop(request_id).set_exception(exc)
+            future = self._forget(request_id)
+            if future is not None:
+                future.set_exception(exc)
+
+    def _fail_parked(self, exc: BaseException) -> None:
+        for request_id in list(self._parked):
+            arrival = self._unpark(request_id)
+            if arrival is not None:
+                arrival[1].set_exception(exc)
+        self._parked_order.clear()

@@ -25,6 +25,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     priority: int = 0  # 0 is the most urgent, as in vLLM's priority scheduling
+    lane: str = ""  # the queue it came from, for the worker's admission to the engine
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,20 @@ class Engine(Protocol):
 
 
 def generation_request(
-    request_id: str, prompt: str, messages: Any, params: dict[str, Any], priority: int
+    request_id: str,
+    prompt: str,
+    messages: Any,
+    params: dict[str, Any],
+    priority: int,
+    lane: str = "",
 ) -> GenerationRequest:
     """Build a GenerationRequest from a task's JSON fields (unknown params are ignored)."""
     known = {k: v for k, v in params.items() if k in GenerationRequest.__dataclass_fields__}
     return GenerationRequest(
-        request_id=request_id, prompt=prompt, messages=messages, priority=priority, **known
+        request_id=request_id,
+        prompt=prompt,
+        messages=messages,
+        priority=priority,
+        lane=lane,
+        **known,
     )

@@ -2,22 +2,31 @@
 
 A request counts from the moment its message is delivered to the worker until its outcome is
 recorded (or it was dropped before the engine). vLLM does not give up running slots to more
-urgent arrivals (DESIGN.md decision 2), so a tier with max_engine_share < 1 takes a new request
-only while the whole engine (every tier together) holds fewer than floor(share × max_num_seqs):
-the rest of the sequences stays free for more urgent tiers, on top of whatever they already hold.
-The headroom so follows their load: a busy interactive tier leaves batch fewer slots, an idle one
-leaves it the whole share. A capped tier may always hold its weight's share of the sequences
-(`guaranteed_requests`), so it progresses however busy the more urgent tiers are. All tiers
-together may hold at most `token_budget` estimated tokens (prompt + max_tokens), and a capped
-tier at most its share of it, so sixteen long prompts do not take the memory sixteen short ones
-would. Limits are checked before a fetch, so one message (a bulk chunk, a long prompt) may go
-past them; nothing more is fetched for that tier until it is back under.
+urgent arrivals (measured: max_num_seqs 64 full of bulk work, an interactive request added at
+step 3 finished at step 39; it preempts only under KV-cache pressure). So a capped tier
+(max_engine_share < 1) leaves the more urgent tiers their headroom free: room for as many more
+of their requests as they held at their recent peak (`LLMQUEUE_HEADROOM_WINDOW_SECONDS`) above
+what they hold now, plus one, and never more than (1 - share) of the sequences. Its requests
+join the engine only while that many sequences stay free (`joins_engine`; the others wait in
+the worker, parked, and join at the first step with room), and it fetches only while that many
+task slots stay free (`admits`). The headroom so follows the urgent tiers' measured demand: with
+no urgent traffic a bulk backlog runs on all sequences but one (a fixed quarter kept idle cost
+the engine ~20% of its throughput, bench/throughput.py), with steady interactive traffic it
+keeps that traffic's peak free, under a heavy one the share's rest. A capped tier may always
+hold its weight's share of the sequences (`guaranteed_requests`), so it progresses however busy
+the more urgent tiers are. All tiers together may hold at most `token_budget` estimated tokens
+(prompt + max_tokens), and a capped tier at most its share of it, so sixteen long prompts do not
+take the memory sixteen short ones would. Limits are checked before a fetch, so one message (a
+bulk chunk, a long prompt) may go past them; nothing more is fetched for that tier until it is
+back under.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -47,6 +56,15 @@ def tier_request_cap(share: float, limits: EngineLimits) -> int:
     return max(1, math.floor(share * limits.max_num_seqs))
 
 
+def headroom(share: float, limits: EngineLimits, urgent_spare: int | None) -> int:
+    """Sequences a capped tier leaves free: one more than the more urgent tiers' `urgent_spare`
+    (their recent peak above what they hold now), at most what its share leaves; none where
+    this worker serves no more urgent tier (None)."""
+    if urgent_spare is None:
+        return 0
+    return max(0, min(limits.max_num_seqs - tier_request_cap(share, limits), 1 + urgent_spare))
+
+
 def tier_token_cap(share: float, limits: EngineLimits) -> int:
     if share >= 1.0:
         return limits.token_budget
@@ -74,16 +92,74 @@ def guaranteed_requests(weight: int, total_weight: int, limits: EngineLimits) ->
 
 
 def admits(
-    usage: TierUsage, held: TierUsage, share: float, guaranteed: int, limits: EngineLimits
+    usage: TierUsage,
+    held: TierUsage,
+    share: float,
+    guaranteed: int,
+    limits: EngineLimits,
+    urgent_spare: int | None = 0,
 ) -> bool:
     """May this tier fetch another message now? `usage` is what it holds, `held` what every
-    tier holds together."""
+    tier holds together, `urgent_spare` how far below their recent peak the more urgent tiers
+    are (see `headroom`)."""
     if held.tokens >= limits.token_budget or usage.tokens >= tier_token_cap(share, limits):
         return False
     cap = tier_request_cap(share, limits)
     if share >= 1.0:
         return usage.requests < cap
-    return held.requests < cap or usage.requests < min(guaranteed, cap)
+    # Fetched beyond what may run, a capped tier's requests wait in the worker (parked, see
+    # `joins_engine`), and still leave the headroom's task slots to the urgent tiers.
+    line = limits.task_slots - headroom(share, limits, urgent_spare)
+    return held.requests < line or usage.requests < min(guaranteed, cap)
+
+
+def joins_engine(
+    in_engine: int,
+    tier_in_engine: int,
+    share: float,
+    guaranteed: int,
+    limits: EngineLimits,
+    urgent_spare: int | None = 0,
+) -> bool:
+    """May a delivered request of this tier join the engine now, given how many requests the
+    engine holds (`in_engine`) and how many of them are this tier's? A capped tier's request
+    joins only while the engine leaves the more urgent tiers' headroom free (or the tier holds
+    less than its guaranteed share); vLLM would otherwise fill a freed slot from its own waiting
+    queue, whoever it was kept for."""
+    if share >= 1.0:
+        return True
+    line = limits.max_num_seqs - headroom(share, limits, urgent_spare)
+    return in_engine < line or tier_in_engine < min(guaranteed, tier_request_cap(share, limits))
+
+
+class RecentPeak:
+    """The most requests a tier held at once over the last `window_seconds` (per-second maxima
+    in a ring; the current count always counts, so a level held unchanged never ages out)."""
+
+    def __init__(self, window_seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.window_seconds, self._clock = window_seconds, clock
+        self._seconds: deque[tuple[int, int]] = deque()  # (whole second, max held in it)
+        self.now = 0
+
+    def observe(self, held: int) -> None:
+        # The level before this change was held up to now, so it counts in this second too.
+        level, self.now = max(self.now, held), held
+        second = int(self._clock())
+        if self._seconds and self._seconds[-1][0] == second:
+            if level > self._seconds[-1][1]:
+                self._seconds[-1] = (second, level)
+        else:
+            self._seconds.append((second, level))
+            self._forget_before(second)
+
+    def peak(self) -> int:
+        self._forget_before(int(self._clock()))
+        return max(self.now, max((held for _, held in self._seconds), default=0))
+
+    def _forget_before(self, second: int) -> None:
+        oldest = second - math.ceil(self.window_seconds)
+        while self._seconds and self._seconds[0][0] < oldest:
+            self._seconds.popleft()
 
 
 @dataclass
@@ -113,11 +189,20 @@ class EngineBudget:
     """Holdings per queue (a tier of a pool). Thread-safe: the consumer thread holds at
     delivery; task and engine threads release."""
 
-    def __init__(self, limits: EngineLimits, on_release: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        limits: EngineLimits,
+        on_release: Callable[[], None] | None = None,
+        headroom_window_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.limits = limits
         self._on_release = on_release
+        self._window = headroom_window_seconds
+        self._clock = clock
         self._lock = threading.Lock()
         self._usage: dict[str, TierUsage] = {}
+        self._peaks: dict[str, RecentPeak] = {}
         self._held = TierUsage()  # every tier together
         # Delivered, not yet taken by the task that runs it (a redelivered duplicate may wait
         # behind its first copy: one entry per delivery).
@@ -132,6 +217,7 @@ class EngineBudget:
             self._held.requests += 1
             self._held.tokens += tokens
             self._pending.setdefault(request_id, []).append(hold)
+            self._peak(queue).observe(usage.requests)
 
     def take(self, request_ids: Iterable[str]) -> list[Hold]:
         """The holds of a message's requests, for the task that runs them to release; a request
@@ -148,10 +234,41 @@ class EngineBudget:
                     del self._pending[request_id]
         return taken
 
-    def admits(self, queue: str, share: float, guaranteed: int = 1) -> bool:
+    def admits(
+        self, queue: str, share: float, guaranteed: int = 1, urgent: Iterable[str] = ()
+    ) -> bool:
+        """May `queue`'s tier fetch now, leaving the tiers of the `urgent` queues their
+        headroom?"""
         with self._lock:
             usage = self._usage.get(queue, TierUsage())
-            return admits(usage, self._held, share, guaranteed, self.limits)
+            urgent = list(urgent)
+            spare = sum(self._spare(q) for q in urgent) if urgent else None
+            return admits(usage, self._held, share, guaranteed, self.limits, spare)
+
+    def joins_engine(
+        self,
+        queue: str,
+        in_engine: int,
+        tier_in_engine: int,
+        share: float,
+        guaranteed: int = 1,
+        urgent: Iterable[str] = (),
+    ) -> bool:
+        """May a delivered request of `queue`'s tier join the engine now (`joins_engine`)?"""
+        with self._lock:
+            urgent = list(urgent)
+            spare = sum(self._spare(q) for q in urgent) if urgent else None
+        return joins_engine(in_engine, tier_in_engine, share, guaranteed, self.limits, spare)
+
+    def _spare(self, queue: str) -> int:
+        peak = self._peaks.get(queue)
+        return 0 if peak is None else max(0, peak.peak() - peak.now)
+
+    def _peak(self, queue: str) -> RecentPeak:
+        peak = self._peaks.get(queue)
+        if peak is None:
+            peak = self._peaks[queue] = RecentPeak(self._window, self._clock)
+        return peak
 
     def usage(self, queue: str) -> TierUsage:
         with self._lock:
@@ -173,5 +290,6 @@ class EngineBudget:
             usage.tokens -= hold.tokens
             self._held.requests -= 1
             self._held.tokens -= hold.tokens
+            self._peak(hold.queue).observe(usage.requests)
         if self._on_release is not None:
             self._on_release()

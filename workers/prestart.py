@@ -28,31 +28,32 @@ class Started:
     submitted_at: float
 
 
-def delivery_request(payload: TaskPayload) -> GenerationRequest:
-    """The engine request of one delivery; its id is unique per delivery, since a redelivered
-    duplicate may be in the engine at the same time."""
+def delivery_request(payload: TaskPayload, lane: str = "") -> GenerationRequest:
+    """The engine request of one delivery (from queue `lane`); its id is unique per delivery,
+    since a redelivered duplicate may be in the engine at the same time."""
     return generation_request(
         f"{payload['request_id']}:{uuid.uuid4().hex[:12]}",
         payload["prompt"],
         payload["messages"],
         payload["params"],
         payload["priority"],
+        lane,
     )
 
 
-def start_generation(engine: Engine, payload: TaskPayload) -> Started:
+def start_generation(engine: Engine, payload: TaskPayload, lane: str = "") -> Started:
     """Hand one delivery's request to the engine."""
-    request = delivery_request(payload)
+    request = delivery_request(payload, lane)
     submitted_at = time.time()
     return Started(request.request_id, engine.submit(request), submitted_at)
 
 
-def start_unless_overdue(engine: Engine, payload: TaskPayload) -> Started | None:
+def start_unless_overdue(engine: Engine, payload: TaskPayload, lane: str = "") -> Started | None:
     """`start_generation`, unless the request's deadline passed: then only its claim may run,
     which expires it, and nothing of it is generated."""
     if payload["deadline_ts"] <= time.time():
         return None
-    return start_generation(engine, payload)
+    return start_generation(engine, payload, lane)
 
 
 class PreStarts:
@@ -63,8 +64,8 @@ class PreStarts:
         self._lock = threading.Lock()
         self._started: dict[str, list[Started]] = {}
 
-    def start(self, payload: TaskPayload) -> None:
-        started = start_unless_overdue(self._engine, payload)
+    def start(self, payload: TaskPayload, lane: str = "") -> None:
+        started = start_unless_overdue(self._engine, payload, lane)
         if started is None:
             return
         with self._lock:

@@ -2,11 +2,12 @@
 
 kombu's Redis channel asks a "cycle" (broker_transport_options["queue_order_strategy"], a dotted
 path: project/settings.py names `TierCycle`) for the queue order of each BRPOP and tells it which
-queue delivered (DESIGN.md decision 3). So Celery stays in charge of fetching, acking and
-redelivery (Flower sees the same queues and workers); only the order changes, and a tier over its
-engine budget is left out of the BRPOP until a request of it is done. The channel's BRPOP
-timeout (`TierCycle.poll_timeout`) is short while a tier is left out, so it is asked again soon
-after it may be; and when every tier is left out, the release that frees one wakes the loop.
+queue delivered (one broker queue per pool and tier). So Celery stays in charge of fetching,
+acking and redelivery (Flower sees the same queues and workers); only the order changes, and a
+tier over its engine budget is left out of the BRPOP until a request of it is done. The
+channel's BRPOP timeout (`TierCycle.poll_timeout`) is short while a tier is left out, so it is
+asked again soon after it may be; and when every tier is left out, the release that frees one
+wakes the loop.
 llmqueue/broker.py also calls `Dispatcher.delivered` for every message before Celery sees it: the
 budget counts a request from delivery, before the next BRPOP is chosen.
 """
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from workers.dispatch import UNKNOWN_TIER, DispatchMode, TierPolicy, queue_order
+from workers.engine import GenerationRequest
 from workers.engine_budget import (
     NO_HOLD,
     EngineBudget,
@@ -51,14 +53,21 @@ class Dispatcher:
     """One per worker process. `order`, `served` and `delivered` run on Celery's consumer thread;
     `set_tiers` on the tier-settings thread; holds are released on task and engine threads."""
 
-    def __init__(self, mode: DispatchMode, limits: EngineLimits, bytes_per_token: float) -> None:
+    def __init__(
+        self,
+        mode: DispatchMode,
+        limits: EngineLimits,
+        bytes_per_token: float,
+        headroom_window_seconds: float = 60.0,
+    ) -> None:
         self.mode = mode
         self.policy = queue_order(mode)
-        self.budget = EngineBudget(limits, on_release=self._wake)
+        self.budget = EngineBudget(limits, self._wake, headroom_window_seconds)
         # fifo and strict are the baselines: Celery's task slots are their only limit.
         self.enforces_budget = mode is DispatchMode.OURS
         self.bytes_per_token = bytes_per_token
         self._tiers: dict[str, TierPolicy] = {}
+        self._queues: list[str] = []  # every queue this worker consumes, as kombu last asked
         self._guaranteed: dict[str, int] = {}
         self._asked: list[str] = []
         self._idle = False
@@ -83,13 +92,36 @@ class Dispatcher:
         """The queues whose tier is under its engine budget."""
         if not self.enforces_budget:
             return list(queues)
+        if not self._queues:
+            self._queues = list(queues)
+        tiers = {q: self.tier(q) for q in queues}
         return [
             q
-            for q in queues
+            for q, tier in tiers.items()
             if self.budget.admits(
-                q, self.tier(q).max_engine_share, self._guaranteed.get(queue_tier(q), 1)
+                q, tier.max_engine_share, self._guaranteed.get(tier.name, 1), self._urgent(q)
             )
         ]
+
+    def _urgent(self, queue: str) -> list[str]:
+        """The queues of the tiers more urgent than `queue`'s: the headroom it leaves is theirs."""
+        tier = self.tier(queue)
+        return [q for q in self._queues if self.tier(q).priority < tier.priority]
+
+    def may_start(self, request: GenerationRequest, in_engine: int, tier_in_engine: int) -> bool:
+        """The engine's admission (workers.batching.Admission): a capped tier's delivered request
+        joins the engine only while that leaves the more urgent tiers' headroom free."""
+        if not self.enforces_budget or not request.lane:
+            return True
+        tier = self.tier(request.lane)
+        return self.budget.joins_engine(
+            request.lane,
+            in_engine,
+            tier_in_engine,
+            tier.max_engine_share,
+            self._guaranteed.get(tier.name, 1),
+            self._urgent(request.lane),
+        )
 
     def held_back(self, queues: Sequence[str]) -> bool:
         return len(self.allowed(queues)) < len(queues)
@@ -100,9 +132,11 @@ class Dispatcher:
 
             self._hub = get_event_loop()
         self._idle = True  # before looking: a release while we look must still wake the loop
+        self._queues = list(queues)
         allowed = self.allowed(queues)
         self._idle = not allowed
         self._asked = self.policy.order(allowed, {q: self.tier(q) for q in allowed})
+
         return self._asked
 
     def served(self, queue: str) -> None:
@@ -117,7 +151,7 @@ class Dispatcher:
             tokens = estimated_tokens(payload, self.bytes_per_token)
             self.budget.hold(queue, payload["request_id"], tokens)
             if self.prestarts is not None:
-                self.prestarts.start(payload)
+                self.prestarts.start(payload, queue)
 
     def _wake(self) -> None:
         # Every tier was left out, so no BRPOP is pending and Celery's loop may sleep for

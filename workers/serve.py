@@ -103,10 +103,16 @@ def _start_dispatcher(
         max_num_seqs, settings.LLMQUEUE_TYPICAL_REQUEST_TOKENS
     )
     dispatcher = queue_order.Dispatcher(
-        mode, EngineLimits(max_num_seqs, slots, budget), settings.LLMQUEUE_BYTES_PER_TOKEN
+        mode,
+        EngineLimits(max_num_seqs, slots, budget),
+        settings.LLMQUEUE_BYTES_PER_TOKEN,
+        settings.LLMQUEUE_HEADROOM_WINDOW_SECONDS,
     )
     dispatcher.set_tiers(load_tier_policies())
-    dispatcher.prestarts = PreStarts(runtime.current_engine())
+    engine = runtime.current_engine()
+    dispatcher.prestarts = PreStarts(engine)
+    if isinstance(engine, ContinuousEngine):
+        engine.admission = dispatcher.may_start
     queue_order.install(dispatcher)
     if mode is DispatchMode.FIFO and len(queues) > 1:
         print(
