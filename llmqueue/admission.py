@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from llmqueue import liveness, usage
+from llmqueue import liveness, lua, usage
 from llmqueue.auth import Caller
 from llmqueue.deadline_order import LUA_DEADLINES, WALK_LIMIT
 from llmqueue.errors import ApiError, InvalidParameter, Overloaded, RateLimited, Unavailable
@@ -334,9 +334,8 @@ def refund(
 ) -> None:
     """Queue on `pipe` the return of `tokens` a request reserved but did not use."""
     if tokens > 0:
-        _scripts()["refund"](
-            keys=[bucket_key("tokens", tenant_id)], args=[_now_arg(now), tokens], client=pipe
-        )
+        keys = [bucket_key("tokens", tenant_id)]
+        lua.call(pipe, _scripts()["refund"], keys, [_now_arg(now), tokens])
 
 
 def record_drain(
@@ -349,7 +348,7 @@ def record_drain(
     """Queue on `pipe`: `claimed` requests left `queue` for an engine (its drain rate), and each
     tenant's count of requests waiting in it drops by its claims."""
     args = [_now_arg(now), claimed, drain_tau_seconds()]
-    _scripts()["drain"](keys=[drain_key(queue)], args=args, client=pipe)
+    lua.call(pipe, _scripts()["drain"], [drain_key(queue)], args)
     for tenant_id, count in tenant_claims.items():
         pipe.decrby(waiting_key(queue, tenant_id), count)
 
@@ -360,7 +359,7 @@ def record_leads(
     """Queue on `pipe`: `count` requests of `queue` took `seconds` in all from the engine getting
     them to their first token."""
     args = [_now_arg(now), seconds, count, drain_tau_seconds()]
-    _scripts()["lead"](keys=[drain_key(queue)], args=args, client=pipe)
+    lua.call(pipe, _scripts()["lead"], [drain_key(queue)], args)
 
 
 def _text(value: bytes | str) -> str:

@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from llmqueue import accounting, lifecycle, usage
+from llmqueue import accounting, lifecycle, lua, usage
 from llmqueue.failures import FAILURES, GenerationError
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def send_books(books: Books) -> None:
         accounting.settle(pipe, books.ended)
         accounting.count_claims(pipe, books.claims)
         accounting.count_leads(pipe, books.leads)
-        pipe.execute()
+        lua.execute(pipe)
 
     backend.ensure(send, ())
 

@@ -9,6 +9,7 @@ import redis
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from llmqueue import lua
 from llmqueue.accounting import settle
 from llmqueue.auth import Caller
 from llmqueue.errors import Unavailable
@@ -85,7 +86,7 @@ def release_books(rows: list[PromptRequest]) -> None:
     try:
         pipe = get_redis().pipeline(transaction=False)
         settle(pipe, ended)
-        pipe.execute()
+        lua.execute(pipe)
     except redis.RedisError:
         log.warning("could not settle the books of %d unqueued requests", len(rows))
 

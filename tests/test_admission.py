@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from llmqueue import accounting, admission, liveness, usage
+from llmqueue import accounting, admission, liveness, lua, usage
 from llmqueue.admission import Decision, Limits
 from llmqueue.auth import Caller
 from llmqueue.lifecycle import Ended
@@ -69,7 +69,7 @@ def test_tokens_per_minute_hold_the_reservation_until_refunded(live):
     pipe = live.pipeline(transaction=False)
     ended = Ended(uuid.UUID(int=1), 1, 1, QUEUE, "succeeded", 400, 50, 100)
     accounting.settle(pipe, [ended], now=T0)
-    pipe.execute()
+    lua.execute(pipe)
     assert accounting.unused_tokens(ended) == 250
     assert admit(lim, 250, 0.0).admitted
     assert admit(lim, 1, 0.0).reason == "tokens"
@@ -97,7 +97,7 @@ def test_full_queue_retry_after_follows_the_measured_drain_rate(live):
     tau = admission.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
     admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)  # 4 requests/s
-    pipe.execute()
+    lua.execute(pipe)
     decision = admit(lim, 1, 0.0)
     assert decision.reason == "queue_full"
     assert decision.drain_rate_per_second == pytest.approx(4.0, rel=1e-3)
@@ -111,7 +111,7 @@ def test_a_wait_longer_than_the_deadline_is_refused_up_front(live):
     tau = admission.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
     admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)
-    pipe.execute()
+    lua.execute(pipe)
     decision = admit(lim, 1, 0.0)  # 10 ahead at 4/s: 2.5 s > 2 s
     assert (decision.reason, decision.ahead) == ("too_slow", 10)
     assert decision.retry_after_seconds == pytest.approx(0.5, rel=1e-3)
@@ -125,7 +125,7 @@ def test_a_tier_with_a_first_token_target_sheds_at_the_target_not_at_the_deadlin
     tau = admission.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
     admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)
-    pipe.execute()
+    lua.execute(pipe)
     decision = admit(lim, 1, 0.0)  # 6 ahead at 4/s: 1.5 s, past the 1 s target (deadline 30 s)
     assert (decision.reason, decision.ahead) == ("too_slow", 6)
     assert decision.retry_after_seconds == pytest.approx(0.5, rel=1e-3)
@@ -143,7 +143,7 @@ def test_a_fraction_of_the_target_sheds_before_the_mean_wait_reaches_it(live):
     tau = admission.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
     admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)
-    pipe.execute()
+    lua.execute(pipe)
     decision = admit(lim, 1, 0.0)  # 4 ahead at 4/s: 1 s, past 0.75 of the 1 s target
     assert (decision.reason, decision.ahead) == ("too_slow", 4)
     assert decision.retry_after_seconds == pytest.approx(0.25, rel=1e-3)
@@ -172,7 +172,7 @@ def test_judged_against_the_target_the_wait_includes_the_engines_measured_lead(l
     admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)  # 4 requests/s
     admission.record_leads(pipe, QUEUE, 1.0, 2, now=T0 - 5)  # two took 0.5 s to a first token
     admission.record_leads(pipe, QUEUE, 0.8, 1, now=T0)  # the latest 0.8 s: mean ~0.6 s
-    pipe.execute()
+    lua.execute(pipe)
     assert admit(lim, 1, 0.0).admitted  # an empty queue is never too slow, whatever the lead
     live.lpush(QUEUE, "m1", "m2")
     decision = admit(lim, 1, 0.0)  # 2 ahead at 4/s = 0.5 s, + ~0.6 s in the engine > 1 s
@@ -189,7 +189,7 @@ def test_a_tenant_fills_only_its_share_of_the_queue(live):
     assert reasons([admit(lim, 1, 0.0) for _ in range(3)]) == ["", "", "tenant_share"]
     pipe = live.pipeline(transaction=False)
     admission.record_drain(pipe, QUEUE, 1, {1: 1}, now=T0)  # a worker claimed one of them
-    pipe.execute()
+    lua.execute(pipe)
     assert admit(lim, 1, 0.0).admitted
 
 
@@ -209,7 +209,7 @@ def test_usage_counts_every_decision_and_outcome_then_lands_in_the_db(
             Ended(uuid.UUID(int=2), tenant_id, tier_id, QUEUE, "expired", 5),
         ],
     )
-    pipe.execute()
+    lua.execute(pipe)
     assert usage.flush(live) == 1
     assert usage.flush(live) == 0  # the counters moved: nothing is counted twice
     row = TenantUsage.objects.get()
@@ -250,3 +250,20 @@ def test_concurrent_admission_from_processes_never_over_admits(live):
     assert refused > admitted  # they really raced for it
     assert admitted <= allowed
     assert admitted >= lim.burst + lim.requests_per_second * 1.5  # and it did let the rate through
+
+
+def test_a_script_the_server_does_not_know_is_loaded_and_run_once(clean_redis):
+    import uuid
+
+    from redis.commands.core import Script
+
+    marker = uuid.uuid4().hex  # a source never loaded before: the server answers NOSCRIPT
+    script = Script(clean_redis, f"-- {marker}\nreturn redis.call('INCR', KEYS[1])")
+    pipe = clean_redis.pipeline(transaction=False)
+    pipe.set("lua:before", 1)
+    lua.call(pipe, script, ["lua:n"], [])
+    pipe.incr("lua:after")
+    assert lua.execute(pipe) == [True, 1, 1]
+    assert clean_redis.get("lua:n") == b"1"  # once, not once per try
+    assert clean_redis.get("lua:after") == b"1"
+    assert clean_redis.script_exists(script.sha) == [True]

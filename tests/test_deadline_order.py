@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.test import override_settings
 
-from llmqueue import admission
+from llmqueue import admission, lua
 from llmqueue.auth import caller_for_key
 from llmqueue.deadline_order import DEADLINE_HEADER, WALK_LIMIT
 from llmqueue.models import PromptRequest
@@ -99,7 +99,7 @@ def test_admission_counts_only_the_requests_due_before_a_tighter_deadline(live: 
     publish(*[30 + i * 0.01 for i in range(10)], base=datetime.fromtimestamp(T0, tz=UTC))
     pipe = live.pipeline(transaction=False)
     admission.record_drain(pipe, QUEUE, 4 * admission.drain_tau_seconds(), {}, now=T0)
-    pipe.execute()
+    lua.execute(pipe)
     own = limits(max_wait_seconds=1.0, own_deadline=True)
     # Due 1 s from now: every queued request is due later, so none goes first.
     assert admission.admit(own, 1, now=T0).admitted
