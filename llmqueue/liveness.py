@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 
@@ -12,14 +14,39 @@ def pool_key(pool: str) -> str:
     return f"llmqueue:workers:{pool}"
 
 
-def beat(client: redis.Redis, pool: str, node: str, now: float | None = None) -> None:
-    """Record that `node` serves `pool` now."""
-    client.zadd(pool_key(pool), {node: time.time() if now is None else now})
+def stats_key(pool: str) -> str:
+    return f"llmqueue:worker-stats:{pool}"
+
+
+def beat(
+    client: redis.Redis,
+    pool: str,
+    node: str,
+    now: float | None = None,
+    stats: dict[str, Any] | None = None,
+) -> None:
+    """Record that `node` serves `pool` now, with its counters (workers/cost.py) if given."""
+    if stats is None:
+        client.zadd(pool_key(pool), {node: time.time() if now is None else now})
+        return
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(pool_key(pool), {node: time.time() if now is None else now})
+    pipe.hset(stats_key(pool), node, json.dumps(stats))
+    pipe.execute()
+
+
+def worker_stats(client: redis.Redis, pool: str) -> dict[str, dict[str, Any]]:
+    """Each node's counters as of its last beat."""
+    raw = client.hgetall(stats_key(pool))
+    return {(k.decode() if isinstance(k, bytes) else str(k)): json.loads(v) for k, v in raw.items()}
 
 
 def leave(client: redis.Redis, pool: str, node: str) -> None:
     """Remove `node` from `pool` at once (clean shutdown), instead of waiting for staleness."""
-    client.zrem(pool_key(pool), node)
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(pool_key(pool), node)
+    pipe.hdel(stats_key(pool), node)
+    pipe.execute()
 
 
 def live_workers(

@@ -70,9 +70,18 @@ def _start_heartbeat(pool: str, node: str) -> None:
     from django.conf import settings
 
     from llmqueue.redis_client import get_redis
+    from workers import cost
     from workers.heartbeat import Heartbeat
 
-    beat = Heartbeat(get_redis(), pool, node, settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS)
+    engine = runtime.current_engine()
+    cost.count_db_statements()
+    beat = Heartbeat(
+        get_redis(),
+        pool,
+        node,
+        settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS,
+        stats=lambda: cost.snapshot(engine.stats()),
+    )
 
     # Beat only once the consumer runs: /v1/models must not list a pool nobody consumes yet.
     @worker_ready.connect(weak=False)
