@@ -19,7 +19,7 @@ the warm-up ones are not counted. Phases, run one after the other in one command
   already committed). Steps: the worker's `--step-log`.
 - `queue_no_headroom`: the same worker once the batch tier's max_engine_share is set to 1.0 in the
   database (re-read within LLMQUEUE_TIER_REFRESH_SECONDS): batch may then take every task slot.
-- `vllm_alone`: the baseline of DESIGN.md decision 2, no queue: a child process holds the same
+- `vllm_alone`: the baseline, no queue: a child process holds the same
   engine adapter (workers/vllm_engine.py: vLLM's LLMEngine, priority scheduling, bulk priority 6,
   interactive 0), gets the whole bulk backlog at once, as vLLM's own server would, then the
   interactive requests. Publish time: time.time() just before `submit` hands the request over.

@@ -7,7 +7,7 @@ The real stack (granian + Django admission → Celery → Redis → one `workers
 simulated GPU engine: the step-time model of an 8B model on an H100, max_num_seqs 256) serves
 two tenants: one on the "interactive" tier (SLO: first token ≤ 1 s), one on the "batch" tier
 (done within 600 s). Interactive arrivals and lengths replay a slice of the Azure LLM inference
-trace (conversation service, CC-BY 4.0; ../shared/traces/README.md); batch arrivals are Poisson
+trace (conversation service, CC-BY 4.0; bench/traces/README.md); batch arrivals are Poisson
 with lengths from a lognormal fitted to the interactive trace (or replay `--batch-trace`).
 
 1. Capacity: a burst of 6 × max_num_seqs requests of the same mix, one shared queue; capacity =
@@ -60,7 +60,7 @@ POLICIES = ("fifo", "strict", "ours")
 LOADS = (1.2, 1.5)
 INTERACTIVE, BATCH = "interactive", "batch"
 INTERACTIVE_SHARE = 0.7
-DEFAULT_TRACE = harness.REPO.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+DEFAULT_TRACE = harness.REPO / "bench" / "traces" / "azure_llm_2023_conv.csv"
 # Long enough for the trace's longest entries (14,050 prompt + 1,000 output tokens).
 CONTEXT_LENGTH = 16384
 MAX_TOKENS = 4096

@@ -2,7 +2,7 @@
 
 A trace is any CSV with the columns `arrived_at` (seconds from the trace start),
 `num_prefill_tokens` (prompt length) and `num_decode_tokens` (output length), as the Azure LLM
-inference trace in ../shared/traces/ (see its README). Replay keeps a contiguous slice of the
+inference trace in bench/traces/ (see its README). Replay keeps a contiguous slice of the
 trace, so its burstiness survives, and compresses (or stretches) its clock so the slice offers
 the wanted mean rate. Everything here is in *trace seconds*; bench/scheduling.py maps them to
 wall time.
