@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 PIP_EXTRA ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean bench bench-full
 
 $(STAMP): requirements.txt requirements-cpu.txt requirements-dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,6 +23,19 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) manage.py demo
+
+# Every benchmark under bench/ (quick forms, ~12 min on 2 cores; bench-full: each bench's
+# defaults), one table of figures vs goals, then docs/BENCHMARKS.md rendered from the results.
+# A failed bench fails the target, after the page is rendered with it marked failed.
+# BENCH_ARGS="--only latency,admission" runs those alone (the page then shows only them); the
+# commands without running them: .venv/bin/python -m bench.suite --dry-run [--full].
+BENCH_ARGS ?=
+
+bench: $(STAMP)
+	$(PY) -m bench.suite $(BENCH_ARGS); status=$$?; $(PY) -m bench.render && exit $$status
+
+bench-full: $(STAMP)
+	$(PY) -m bench.suite --full $(BENCH_ARGS); status=$$?; $(PY) -m bench.render && exit $$status
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

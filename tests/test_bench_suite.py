@@ -1,0 +1,104 @@
+"""bench.suite: each bench's figures from its JSON, and a suite run over stand-in benches."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import suite
+
+
+def test_figures_read_what_each_bench_writes_and_say_missing_otherwise():
+    throughput = {"by_chunk_size": {"8": {"ratio": 0.93}, "1": {"ratio": 0.8}}}
+    assert [(f.value, f.met) for f in suite.throughput_figures(throughput)] == [
+        (0.93, True),
+        (0.8, False),
+    ]
+    assert [f.met for f in suite.headroom_figures({"p99_wait_steps": 2})] == [True]
+    admission = {"goal": {"admitted_rps": 400.0, "reject_p99_ms": 10.0}, "admitted_rps": 599.0}
+    assert [(f.name, f.op, f.met) for f in suite.admission_figures(admission)] == [
+        ("admitted_rps", ">=", True),
+        ("reject_p99_ms", "<=", None),
+    ]
+    for figures in (suite.throughput_figures, suite.latency_figures, suite.scheduling_figures):
+        assert all(f.value is None and f.met is None for f in figures({"unrelated": 1}))
+
+
+def test_scheduling_reports_the_worst_seed_of_a_sweep():
+    def run(attainment: float) -> dict[str, Any]:
+        ours = {"interactive_slo_attainment": attainment, "batch_throughput_vs_fifo": 1.0}
+        return {"ours": {"1.2": ours}}
+
+    figures = suite.scheduling_figures({"by_seed": {"1": run(1.0), "2": run(0.97)}, **run(1.0)})
+    assert (figures[0].name, figures[0].value, figures[0].met) == (
+        "ours at 1.2×: interactive SLO attainment, worst of 2 seeds",
+        0.97,
+        False,
+    )
+    assert suite.scheduling_figures(run(0.995))[0].met is True
+
+
+def test_every_bench_runs_with_its_out_flag_and_quick_forms_differ_from_full():
+    names = [bench.name for bench in suite.BENCHES]
+    assert names == ["throughput", "latency", "headroom", "scheduling", "admission", "deadlines"]
+    for bench in suite.BENCHES:
+        argv = bench.argv(full=False, python="py")
+        assert argv[:3] == ["py", "-m", f"bench.{bench.name}"]
+        assert argv[-2:] == ["--out", f"bench/results/{bench.name}.json"]
+        assert bench.quick and not bench.full
+
+
+STAND_IN = """\
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[sys.argv.index("--out") + 1])
+if "--no-json" not in sys.argv:
+    out.write_text(json.dumps({"p50_ms": 4.0, "p99_ms": 30.0}))
+sys.exit(3 if "--fail" in sys.argv else 0)
+"""
+
+
+def test_a_failed_bench_is_reported_and_the_rest_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Stand-in benches under a repository of the test's own: `-m bench.<name>` runs them there.
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "__init__.py").write_text("")
+    for name in ("good", "broken", "silent"):
+        (tmp_path / "bench" / f"{name}.py").write_text(STAND_IN)
+    stale = tmp_path / "bench" / "results" / "silent.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"p50_ms": 1.0, "p99_ms": 1.0}))
+    monkeypatch.setattr(suite, "REPO", tmp_path)
+    benches = [
+        suite.Bench("good", ("--quick",), (), suite.latency_figures),
+        suite.Bench("broken", ("--fail",), (), suite.latency_figures),
+        suite.Bench("silent", ("--no-json",), (), suite.latency_figures),
+    ]
+
+    result = suite.run_suite(benches, full=False, python=sys.executable, timeout_s=60)
+
+    entries = result["benches"]
+    assert [(name, e["status"], e["returncode"]) for name, e in entries.items()] == [
+        ("good", "ok", 0),
+        ("broken", "failed", 3),
+        ("silent", "ok", 0),
+    ]
+    assert [f["met"] for f in entries["good"]["figures"]] == [True, False]
+    # A failed bench that still wrote its JSON keeps its figures; the row says it failed.
+    assert [f["value"] for f in entries["broken"]["figures"]] == [4.0, 30.0]
+    # An older file the run did not rewrite gives nothing, not its stale figures.
+    assert [f["value"] for f in entries["silent"]["figures"]] == [None, None]
+    assert entries["silent"]["json_sha256"] is None
+    assert entries["good"]["command"].endswith(
+        "-m bench.good --quick --out bench/results/good.json"
+    )
+    assert result["form"] == "quick"
+    rows = suite.summary_rows(result)
+    assert ("broken (failed: exit 3)", "p99 ms", "30", "≤ 15", "no") in rows
+    assert ("silent", "p50 ms", "missing", "≤ 5", "missing") in rows
