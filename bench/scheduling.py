@@ -154,6 +154,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="replay: the trace's own arrival times, gaps scaled to the load; poisson: "
         "Poisson arrivals at the load, lengths from the trace's consecutive rows",
     )
+    parser.add_argument(
+        "--batch-mix",
+        choices=sorted(BATCH_MIXES),
+        default="trace",
+        help="the Poisson batch stream's lengths: the trace's lognormal fit, or long-prompt "
+        "(4x its median prompt, 1/8 of its median output)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trace-offset", type=int, default=0, help="first trace row replayed")
     parser.add_argument("--client-threads", type=int, default=32)
@@ -342,10 +349,17 @@ class Streams:
     fit: traffic.LognormalFit
 
 
+# The batch stream's length mixes (`--batch-mix`): medians of the trace's fit multiplied by
+# (prompt, output). "long-prompt": 4× the prompt, 1/8 of the output (summaries, classification,
+# extraction: prefill-heavy work unlike the chat trace the defaults were tuned on).
+BATCH_MIXES = {"trace": (1.0, 1.0), "long-prompt": (4.0, 0.125)}
+
+
 def load_streams(args: argparse.Namespace) -> Streams:
     interactive = traffic.read_trace(args.interactive_trace)
     batch = traffic.read_trace(args.batch_trace) if args.batch_trace else None
-    return Streams(interactive, batch, traffic.fit_lognormal(interactive))
+    fit = traffic.fit_lognormal(interactive).scaled(*BATCH_MIXES[args.batch_mix])
+    return Streams(interactive, batch, fit)
 
 
 def offered_traffic(streams: Streams, rate: float, setup: Setup) -> list[traffic.Arrival]:
@@ -768,6 +782,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         "interactive_trace": str(args.interactive_trace),
         "batch_trace": str(args.batch_trace) if args.batch_trace else None,
         "batch_lognormal_fit": None if args.batch_trace else streams.fit.describe(),
+        "batch_mix": None if args.batch_trace else args.batch_mix,
         "interactive_share": INTERACTIVE_SHARE,
         "batch_engine_share": args.batch_engine_share,
         "interactive_deadline_wall_s": setup.deadline_wall_seconds(setup.interactive_deadline_s),

@@ -45,6 +45,15 @@ class LognormalFit:
     output_mu: float
     output_sigma: float
 
+    def scaled(self, prompt_factor: float, output_factor: float) -> LognormalFit:
+        """The same spread, medians multiplied by the factors (another length mix)."""
+        return LognormalFit(
+            self.prompt_mu + math.log(prompt_factor),
+            self.prompt_sigma,
+            self.output_mu + math.log(output_factor),
+            self.output_sigma,
+        )
+
     def describe(self) -> dict[str, float]:
         return {
             "prompt_mu": round(self.prompt_mu, 4),
