@@ -26,9 +26,10 @@ class Tier(models.Model):
     max_engine_share = models.FloatField(
         default=1.0,
         validators=[MinValueValidator(0.01), MaxValueValidator(1.0)],
-        help_text="This tier starts requests only while an engine holds (all tiers counted) "
-        "fewer than this share of its sequences: the rest stays free for more urgent tiers "
-        "(batch 0.75: a quarter of the engine is always interactive headroom).",
+        help_text="Below 1, this tier's requests join an engine only while it leaves the more "
+        "urgent tiers their headroom free: their recent peak above what they hold now, plus one "
+        "sequence, and at most (1 - this share) of the sequences (batch 0.75: up to a quarter "
+        "for interactive traffic; a bulk backlog alone runs on all sequences but one).",
     )
     first_token_target_seconds = models.FloatField(
         null=True, blank=True, help_text="SLO: seconds from enqueue to the first token."
