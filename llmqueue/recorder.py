@@ -38,6 +38,7 @@ from llmqueue.failures import FAILURES, GenerationError
 log = logging.getLogger(__name__)
 
 EXPIRED_REASON = "expired"
+_CLAIM_BOOKS_WAIT_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class Books:
 
     def __bool__(self) -> bool:
         return bool(self.results or self.ended or self.claims or self.leads)
+
+    def add(self, other: Books) -> None:
+        self.results += other.results
+        self.ended += other.ended
+        self.claims += other.claims
+        self.leads += other.leads
 
 
 def send_books(books: Books) -> None:
@@ -113,6 +120,11 @@ class Recorder:
         self._flush_every = flush_every_seconds
         self._next_flush = time.monotonic() + flush_every_seconds
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        # Books of this round (and claim counts of earlier ones) for one pipeline, and who
+        # waits for it to be sent.
+        self._books = Books()
+        self._on_sent: list[Callable[[bool], None]] = []
+        self._books_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="llmqueue-recorder", daemon=True)
         self._thread.start()
 
@@ -158,6 +170,7 @@ class Recorder:
                 batch = [j for j in jobs if j[0] == op]
                 if batch:
                     self._apply(batch, handler)
+            self._send_books()
             if time.monotonic() >= self._next_flush:
                 self._flush()
 
@@ -202,7 +215,8 @@ class Recorder:
         # After the claimed requests went on to the engine (the futures' callbacks ran): the
         # expiries the claim made instead (REVOKED, their books), and what the claims drained.
         expired = [c.ended for c in claims.values() if c.ended is not None]
-        self._send(Books([_revoked(e.request_id) for e in expired], expired, list(claims.values())))
+        revoked = [_revoked(e.request_id) for e in expired]
+        self._defer(Books(revoked, expired, list(claims.values())))
 
     def _expiries(self, batch: list[_Job]) -> None:
         expired = lifecycle.expire([j[1] for j in batch], timezone.now())
@@ -213,9 +227,12 @@ class Recorder:
     def _sweeps(self, batch: list[_Job]) -> None:
         expired = lifecycle.expire_overdue(timezone.now(), max(j[1] for j in batch))
         ended = list(expired.values())
-        self._send(Books([_revoked(e.request_id) for e in ended], ended))  # logs its failure
-        for _, _, future in batch:
-            future.set_result(len(ended))
+
+        def sent(published: bool) -> None:  # a failed publish is logged; the rows say expired
+            for job in batch:
+                job[2].set_result(len(ended))
+
+        self._defer(Books([_revoked(e.request_id) for e in ended], ended), sent)
 
     def _finishes(self, batch: list[_Job]) -> None:
         won = lifecycle.finish([j[1] for j in batch], timezone.now())
@@ -233,9 +250,42 @@ class Recorder:
     def _settle(self, batch: list[_Job], books: Books, won: Callable[[_Job], bool]) -> None:
         """Publish the committed outcomes, then tell each job what became of it. A publish that
         fails leaves the outcome in its row (pollable); the blocking caller then times out."""
+
+        def sent(published: bool) -> None:
+            for job in batch:
+                job[2].set_result(Recorded(won(job), published and won(job)))
+
+        self._defer(books, sent)
+
+    def _defer(self, books: Books, on_sent: Callable[[bool], None] | None = None) -> None:
+        self._books.add(books)
+        if on_sent is not None:
+            self._on_sent.append(on_sent)
+        if self._books_since is None:
+            self._books_since = time.monotonic()
+
+    def _send_books(self) -> None:
+        """One pipeline for the round's books, once its rows are committed. Claim counts alone
+        (nobody waits for them) ride along with the next round's while more jobs are queued: a
+        claim is mostly followed by its finish, so a short request's outcome goes out one round
+        trip sooner (bounded: claim counts wait at most `_CLAIM_BOOKS_WAIT_SECONDS`)."""
+        if self._books_since is None:
+            return
+        if (
+            not self._on_sent
+            and not self._books.results  # a caller may wait for an expiry's REVOKED
+            and not self._jobs.empty()
+            and time.monotonic() - self._books_since < _CLAIM_BOOKS_WAIT_SECONDS
+        ):
+            return
+        books, on_sent = self._books, self._on_sent
+        self._books, self._on_sent, self._books_since = Books(), [], None
         published = self._send(books)
-        for job in batch:
-            job[2].set_result(Recorded(won(job), published and won(job)))
+        for callback in on_sent:
+            try:
+                callback(published)
+            except Exception:  # one waiter's failure must not strand the others
+                log.exception("telling a job its books were sent failed")
 
     def _send(self, books: Books) -> bool:
         if not books:
