@@ -52,6 +52,7 @@ import redis as redis_client
 from bench import harness, traffic
 from bench.http_client import HttpError, ThreadConnections, encode_request
 from bench.latency import percentile
+from workers import options
 
 HOST = "127.0.0.1"
 POOL = "default"
@@ -183,7 +184,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
         max_num_seqs=args.max_num_seqs,
         # A request waiting inside the engine is out of admission's sight: keep that queue short
         # (at 1.5x, 288 slots let interactive wait 0.40 s p50 there, 264 slots 0.18 s).
-        slots=args.slots or args.max_num_seqs + args.max_num_seqs // 32,
+        slots=options.task_slots(args.slots, args.max_num_seqs),
         token_budget=args.token_budget,
         capacity_requests=capacity,
         interactive_slo_s=args.interactive_slo,

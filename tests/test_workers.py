@@ -39,8 +39,10 @@ def test_cpu_workers_are_unpinned():
     assert all(p.env.get("CUDA_VISIBLE_DEVICES") == inherited for p in plan)
 
 
-def test_task_slots_default_to_twice_the_engine_batch():
-    assert task_slots(0, 64) == 128
+def test_task_slots_default_to_a_short_line_beyond_the_engine_batch():
+    assert task_slots(0, 64) == 66
+    assert task_slots(0, 256) == 264
+    assert task_slots(0, 16) == 17  # at least one more
     assert task_slots(96, 64) == 96
 
 
