@@ -161,7 +161,11 @@ class ContinuousEngine:
         admission = self.admission
         if admission is None:
             return True
-        return admission(request, len(self._futures), self._lanes[request.lane])
+        try:
+            return admission(request, len(self._futures), self._lanes[request.lane])
+        except Exception:  # the engine loop must keep stepping: let it in
+            log.exception("engine admission failed for %s; admitting it", request.request_id)
+            return True
 
     def _join(self, request: GenerationRequest, future: Future[GenerationResult]) -> None:
         try:
