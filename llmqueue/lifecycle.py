@@ -72,6 +72,20 @@ class Finish:
     # the queue's wait when it judges a request against its tier's first-token target.
     engine_lead_seconds: float | None = None
 
+    def __post_init__(self) -> None:
+        # PostgreSQL's text cannot hold NUL, and a model may generate it (the tiny random test
+        # model does): one such output failed its whole batch of finishes. The row and the
+        # caller get the same text, with U+FFFD where the NUL was.
+        for name in ("output_text", "error"):
+            text = getattr(self, name)
+            if "\x00" in text:
+                object.__setattr__(self, name, storable_text(text))
+
+
+def storable_text(text: str) -> str:
+    """`text` as every supported database stores it: NUL as U+FFFD (the replacement char)."""
+    return text.replace("\x00", "\ufffd")
+
 
 def _db_ids(ids: Sequence[uuid.UUID]) -> list[object]:
     pk = PromptRequest._meta.pk

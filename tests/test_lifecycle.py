@@ -169,3 +169,17 @@ def test_sweep_expires_only_queued_requests_past_their_deadline_oldest_first():
     statuses = dict(PromptRequest.objects.values_list("id", "status"))
     assert [statuses[r.id] for r in overdue] == [S.EXPIRED] * 3
     assert (statuses[fresh.id], statuses[running.id]) == (S.QUEUED, S.RUNNING)
+
+
+def test_an_output_holding_nul_is_stored_with_the_replacement_character_and_spoils_no_batch():
+    # PostgreSQL's text cannot hold NUL; the tiny random model generates it.
+    odd, plain = make_request(), make_request()
+    now = timezone.now()
+    lifecycle.claim([odd.id, plain.id], "w1", now)
+    won = lifecycle.finish([done(odd.id, 1, "a\x00b"), done(plain.id, 1, "fine")], now)
+    assert won.keys() == {odd.id, plain.id}
+    assert done(odd.id, 1, "a\x00b").output_text == "a\ufffdb"  # what the caller gets too
+    odd.refresh_from_db()
+    plain.refresh_from_db()
+    assert (odd.status, odd.output_text) == (S.SUCCEEDED, "a\ufffdb")
+    assert (plain.status, plain.output_text) == (S.SUCCEEDED, "fine")
