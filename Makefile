@@ -27,7 +27,8 @@ demo: $(STAMP)
 # Every benchmark under bench/ (quick forms, ~12 min on 2 cores; bench-full: each bench's
 # defaults), one table of figures vs goals, then docs/BENCHMARKS.md rendered from the results.
 # A failed bench fails the target, after the page is rendered with it marked failed.
-# BENCH_ARGS="--only latency,admission" runs those alone (the page then shows only them); the
+# BENCH_ARGS="--only latency,admission" re-runs those (the others keep their latest figures,
+# each shown with the commit that measured it); the
 # commands without running them: .venv/bin/python -m bench.suite --dry-run [--full].
 BENCH_ARGS ?=
 

@@ -481,8 +481,14 @@ def bench_section(
     name: str, entry: dict[str, Any], data: dict[str, Any] | None, note: str = ""
 ) -> list[str]:
     title = TITLES.get(name, name)
+    measured = (
+        f" on commit {entry['commit']}{'+dirty' if entry.get('dirty') else ''}, "
+        f"{entry.get('date', '?')}, {entry.get('form', '?')} form"
+        if "commit" in entry
+        else ""
+    )
     status = (
-        f"Ran in {cell(entry.get('seconds'))} s."
+        f"Ran in {cell(entry.get('seconds'))} s{measured}."
         if entry.get("status") == "ok"
         else f"**Failed** (exit {entry.get('returncode')}; log `{entry.get('log')}`)."
     )

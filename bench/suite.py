@@ -400,10 +400,30 @@ def format_met(met: bool | None) -> str:
     return "missing" if met is None else ("yes" if met else "no")
 
 
-def bench_label(name: str, entry: dict[str, Any]) -> str:
+def bench_label(name: str, entry: dict[str, Any], suite: dict[str, Any] | None = None) -> str:
+    label = name
     if entry.get("status") == "failed":
-        return f"{name} (failed: exit {entry.get('returncode')})"
-    return name
+        label = f"{name} (failed: exit {entry.get('returncode')})"
+    if suite is not None and "commit" in entry and commit_label(entry) != commit_label(suite):
+        label += f" (commit {commit_label(entry)}, {entry.get('date', '?')})"
+    return label
+
+
+def with_earlier(suite: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """`suite` (a run of some benches) with the other benches' entries of an `earlier` suite,
+    in the suite's order; each entry keeps the commit and date that measured it."""
+    merged = dict(suite)
+    entries = {}
+    for bench in BENCHES:
+        if bench.name in suite["benches"]:
+            entries[bench.name] = suite["benches"][bench.name]
+        elif bench.name in earlier.get("benches", {}):
+            old = dict(earlier["benches"][bench.name])
+            for key in ("commit", "dirty", "date", "form"):
+                old.setdefault(key, earlier.get(key))
+            entries[bench.name] = old
+    merged["benches"] = entries
+    return merged
 
 
 def summary_rows(suite: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
@@ -412,10 +432,10 @@ def summary_rows(suite: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     for name, entry in suite.get("benches", {}).items():
         figures = entry.get("figures") or []
         if not figures:
-            rows.append((bench_label(name, entry), "—", "missing", "—", "missing"))
+            rows.append((bench_label(name, entry, suite), "—", "missing", "—", "missing"))
         for figure in figures:
             rows.append((
-                bench_label(name, entry),
+                bench_label(name, entry, suite),
                 str(figure.get("name", "?")),
                 format_value(number(figure.get("value"))),
                 format_goal(str(figure.get("op")), float(figure.get("goal", 0.0))),
@@ -461,7 +481,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--full", action="store_true", help="the full forms (each bench's defaults)"
     )
-    parser.add_argument("--only", type=names, default=None, help="NAME,NAME: these benches only")
+    parser.add_argument(
+        "--only",
+        type=names,
+        default=None,
+        help="NAME,NAME: run these only; the others keep their latest entries in --out, each "
+        "with the commit that measured it",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds per bench (default 1200; full 3600)"
@@ -494,6 +520,9 @@ def run_suite(
         print(f"{bench.name}: {command_line(bench, full, python)}  (log: {bench.log_path})",
               flush=True)  # fmt: skip
         entry = run_bench(bench, full, python, timeout_s)
+        # Each entry says which code and which form measured it: `--only` keeps the others'.
+        entry.update(commit=suite["commit"], dirty=suite["dirty"], date=suite["date"])
+        entry["form"] = suite["form"]
         suite["benches"][bench.name] = entry
         print(f"{bench.name}: {entry['status']} in {entry['seconds']:.0f} s", flush=True)
         if entry["status"] != "ok":
@@ -511,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
             print(command_line(bench, args.full, python))
         return 0
     timeout_s = args.timeout or TIMEOUT_S["full" if args.full else "quick"]
-    suite = run_suite(chosen, args.full, python, timeout_s)
+    earlier = read_json(args.out) if args.only else {}
+    suite = with_earlier(run_suite(chosen, args.full, python, timeout_s), earlier)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(suite, indent=2, ensure_ascii=False) + "\n")
     print()

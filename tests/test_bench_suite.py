@@ -110,3 +110,21 @@ def test_a_failed_bench_is_reported_and_the_rest_still_run(
     rows = suite.summary_rows(result)
     assert ("broken (failed: exit 3)", "p99 ms", "30", "≤ 15", "no") in rows
     assert ("silent", "p50 ms", "missing", "≤ 5", "missing") in rows
+
+
+def test_a_partial_run_keeps_the_other_benches_with_the_commit_that_measured_them():
+    earlier = {
+        "commit": "aaa1111", "dirty": False, "date": "2026-12-01 10:00 UTC", "form": "quick",
+        "benches": {"latency": {"status": "ok", "figures": []},
+                    "throughput": {"status": "failed", "figures": []}},
+    }  # fmt: skip
+    now = {"commit": "bbb2222", "dirty": False, "date": "2026-12-02 10:00 UTC", "form": "quick",
+           "benches": {"throughput": {"status": "ok", "figures": [], "commit": "bbb2222",
+                                      "dirty": False, "date": "2026-12-02 10:00 UTC"}}}  # fmt: skip
+    merged = suite.with_earlier(now, earlier)
+    assert list(merged["benches"]) == ["throughput", "latency"]  # the suite's order
+    assert merged["benches"]["throughput"]["status"] == "ok"
+    assert merged["benches"]["latency"]["commit"] == "aaa1111"
+    label = suite.bench_label("latency", merged["benches"]["latency"], merged)
+    assert label == "latency (commit aaa1111, 2026-12-01 10:00 UTC)"
+    assert suite.bench_label("throughput", merged["benches"]["throughput"], merged) == "throughput"
