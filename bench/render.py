@@ -144,9 +144,10 @@ inside the engine is out of admission's sight), a token budget of Llama-3-8B's K
   queue), `strict` (most urgent tier first), `ours` (8:1 weighted tiers; batch joins the engine
   only while it leaves interactive its recent peak above what it holds plus one sequence, at most
   a quarter, or while it holds < its weight's share; token budget; deadline sweep). Admission
-  is the same for all three: it sheds a request whose estimated wait — requests due before it ÷
-  the queue's drain rate, plus the engine's measured lead to a first token — exceeds
-  `LLMQUEUE_SHED_AT_SLO_FRACTION` of the tier's first-token target.
+  is the same for all three: it sheds a request when the `LLMQUEUE_SHED_WAIT_QUANTILE` (0.6)
+  quantile of its estimated wait to a first token — Gamma(requests due before it + 1, the
+  queue's drain rate) plus the engine's measured lead, its mean and variance — exceeds the
+  tier's first-token target.
 - **Definitions.** Interactive wait = `first_token_at − enqueued_at`. Attainment = requests with a
   first token within 1 s ÷ *offered* interactive requests (a 429/503 or an expiry is a miss);
   "served on time" divides by those that were served. p50/p99 are over served requests. Batch

@@ -2,11 +2,12 @@
 
 One Lua script decides each request atomically for every API replica: is a worker alive for the
 queue; is the queue below its depth cap, and would the request's estimated wait (requests ahead ÷
-the queue's recent drain rate) still meet its deadline (or its tier's first-token target,
-LLMQUEUE_SHED_AT_SLO); does the tenant's request bucket (rate +
-burst) have a token; does its tokens-per-minute bucket hold prompt tokens + max_tokens. Only an
-admitted request takes from the buckets; a rejection names its reason and when to retry. Usage
-counters and the config version (for cache invalidation) ride along in the same round trip.
+the queue's recent drain rate) still meet its deadline (or, LLMQUEUE_SHED_AT_SLO, would a
+quantile of its wait to a first token, LLMQUEUE_SHED_WAIT_QUANTILE, meet its tier's first-token
+target); does the tenant's request bucket (rate + burst) have a token; does its tokens-per-minute
+bucket hold prompt tokens + max_tokens. Only an admitted request takes from the buckets; a
+rejection names its reason and when to retry. Usage counters and the config version (for cache
+invalidation) ride along in the same round trip.
 
 Token reservations are refunded, down to what a request really used, when its outcome is recorded
 (`refund`), and workers feed each queue's drain rate as they claim requests (`record_drain`).
@@ -18,6 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 from functools import cache
+from statistics import NormalDist
 from typing import Any
 
 import redis
@@ -41,6 +43,10 @@ NO_WORKER, QUEUE_FULL, TOO_SLOW, TENANT_SHARE = (
     "tenant_share",
 )
 
+# A drain rate counted for less than this many seconds is divided by it: the few claims just after
+# a queue's start never show more than they are (a first claim alone would be an infinite rate).
+MIN_DRAIN_SPAN_SECONDS = 1.0
+
 # Lua: the decision's clock, ARGV[1] when a test gives one, else Redis' own (one timeline for every
 # replica whatever their clocks).
 _LUA_NOW = """
@@ -53,7 +59,7 @@ end
 
 _ADMIT = (
     LUA_DEADLINES
-    + f"local WALK_LIMIT = {WALK_LIMIT}"
+    + f"local WALK_LIMIT = {WALK_LIMIT}\nlocal MIN_DRAIN_SPAN = {MIN_DRAIN_SPAN_SECONDS!r}\n"
     + _LUA_NOW
     + """
 local rps, burst = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -62,20 +68,25 @@ local max_depth, max_wait = tonumber(ARGV[6]), tonumber(ARGV[7])
 local stale, tau = tonumber(ARGV[8]), tonumber(ARGV[9])
 local usage_ttl, tenant_depth = tonumber(ARGV[10]), tonumber(ARGV[11])
 local with_lead = ARGV[13] == '1'
+local z = tonumber(ARGV[14]) or 0
 local version = redis.call('GET', KEYS[7]) or '0'
 
-local function reject(reason, retry_after, rate, ahead)
+local function reject(reason, retry_after, rate, ahead, wait)
   redis.call('HINCRBY', KEYS[6], 'rejected_' .. reason, 1)
   redis.call('EXPIRE', KEYS[6], usage_ttl)
-  return {reason, tostring(retry_after), version, tostring(rate), ahead}
+  return {reason, tostring(retry_after), version, tostring(rate), ahead, tostring(wait or -1)}
 end
 
--- The queue's drain rate (requests/s): an exponentially decayed count of claims. Unknown (0)
--- when nothing was claimed for a while: a fresh or idle queue is not refused for being slow.
+-- The queue's drain rate (requests/s): an exponentially decayed count of claims over the equally
+-- decayed time they were counted in (since: the first claim after the queue was last idle), so
+-- a rate measured for less than a half-life is not biased low. Unknown (0) when nothing was
+-- claimed for a while: a fresh or idle queue is not refused for being slow.
 local rate = 0
-local drain = redis.call('HMGET', KEYS[5], 'count', 'ts')
+local drain = redis.call('HMGET', KEYS[5], 'count', 'ts', 'since')
 if drain[1] and now - tonumber(drain[2]) < 3 * tau then
-  rate = tonumber(drain[1]) * math.exp(-(now - tonumber(drain[2])) / tau) / tau
+  local span = math.max(MIN_DRAIN_SPAN, now - tonumber(drain[3] or (now - 100 * tau)))
+  rate = tonumber(drain[1]) * math.exp(-(now - tonumber(drain[2])) / tau)
+    / (tau * (1 - math.exp(-span / tau)))
 end
 local ahead = redis.call('LLEN', KEYS[3])
 
@@ -103,17 +114,32 @@ if rate > 0 and dl and ahead > 0 then
     end
   end
 end
--- Judged against a first-token target, the wait also holds the engine's own lead time (engine
--- to first token, as recently measured); an empty queue is never too slow.
-local lead = 0
-if with_lead then
-  local l = redis.call('HMGET', KEYS[5], 'lead_sum', 'lead_n')
-  if l[1] and tonumber(l[2]) > 0 then
-    lead = tonumber(l[1]) / tonumber(l[2])
+-- An empty queue is never too slow. Against a deadline, the mean wait decides (due / rate).
+-- Against a first-token target, a quantile of the wait (z) does: behind a non-empty queue the
+-- request leaves it at the (due + 1)-th claim (every slot is busy, its own must free too), so
+-- its queue wait is Gamma(due + 1, rate) (claims as a Poisson process at the drain rate), and
+-- then the engine's lead to the first token (its recent mean and variance). Their sum is taken
+-- as the Gamma with the same mean and variance; Wilson-Hilferty gives its quantile at z.
+local wait = rate > 0 and due / rate or 0
+if with_lead and rate > 0 and due > 0 then
+  local l = redis.call('HMGET', KEYS[5], 'lead_sum', 'lead_n', 'lead_sq', 'lead_b')
+  local lead, lead_var = 0, 0
+  local n = tonumber(l[2] or '0')
+  if n > 0 then
+    lead = tonumber(l[1]) / n
+    local batches = tonumber(l[4] or '0')
+    if batches > 1 then
+      lead_var = math.max(0, (tonumber(l[3]) - lead * tonumber(l[1])) / (batches - 1))
+    end
   end
+  local mean = (due + 1) / rate + lead
+  local var = (due + 1) / (rate * rate) + lead_var
+  local shape = mean * mean / var
+  local c = 1 - 1 / (9 * shape) + z / (3 * math.sqrt(shape))
+  wait = mean * c * c * c
 end
-if rate > 0 and due > 0 and due / rate + lead > max_wait then
-  return reject('too_slow', due / rate + lead - max_wait, rate, due)
+if rate > 0 and due > 0 and wait > max_wait then
+  return reject('too_slow', wait - max_wait, rate, due, wait)
 end
 local mine = tonumber(redis.call('GET', KEYS[8]) or '0')
 if mine >= tenant_depth then
@@ -147,7 +173,7 @@ redis.call('INCR', KEYS[8])
 redis.call('EXPIRE', KEYS[8], usage_ttl)
 redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 redis.call('EXPIRE', KEYS[6], usage_ttl)
-return {'', '0', version, tostring(rate), ahead}
+return {'', '0', version, tostring(rate), ahead, '-1'}
 """
 )
 
@@ -169,34 +195,44 @@ return 1
 )
 
 # KEYS[1] a queue's drain hash; ARGV: now ('' = server time), sum of engine lead seconds, how
-# many, tau seconds. A decayed mean: recent requests weigh most, as in the drain rate.
+# many, tau seconds. A decayed mean and variance: recent requests weigh most, as in the drain
+# rate. A batch gives only its sum, so the variance is the spread of batch means (each weighed by
+# its size: sq sums sum^2 / n, b counts batches), unbiased for one request's when they are alike.
 _LEAD = (
     _LUA_NOW
     + """
-local d = redis.call('HMGET', KEYS[1], 'lead_sum', 'lead_n', 'lead_ts')
-local sum, n = 0, 0
+local d = redis.call('HMGET', KEYS[1], 'lead_sum', 'lead_n', 'lead_ts', 'lead_sq', 'lead_b')
+local sum, n, sq, b = 0, 0, 0, 0
 if d[1] then
   local decay = math.exp(-math.max(0, now - tonumber(d[3])) / tonumber(ARGV[4]))
   sum, n = tonumber(d[1]) * decay, tonumber(d[2]) * decay
+  sq, b = tonumber(d[4] or '0') * decay, tonumber(d[5] or '0') * decay
 end
-redis.call('HSET', KEYS[1], 'lead_sum', tostring(sum + tonumber(ARGV[2])),
-           'lead_n', tostring(n + tonumber(ARGV[3])), 'lead_ts', tostring(now))
+local add, count = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'lead_sum', tostring(sum + add), 'lead_n', tostring(n + count),
+           'lead_ts', tostring(now), 'lead_sq', tostring(sq + add * add / count),
+           'lead_b', tostring(b + 1))
 redis.call('EXPIRE', KEYS[1], math.ceil(10 * tonumber(ARGV[4])))
 return 1
 """
 )
 
 # KEYS[1] a queue's drain hash; ARGV: now ('' = server time), requests claimed, tau seconds.
+# `since` dates the count's start: the first claim, or the first after 3 tau without one (when
+# admission stops trusting the rate), so the rate divides by the time it really counted.
 _DRAIN = (
     _LUA_NOW
     + """
-local d = redis.call('HMGET', KEYS[1], 'count', 'ts')
-local count = 0
-if d[1] then
-  count = tonumber(d[1]) * math.exp(-math.max(0, now - tonumber(d[2])) / tonumber(ARGV[3]))
+local tau = tonumber(ARGV[3])
+local d = redis.call('HMGET', KEYS[1], 'count', 'ts', 'since')
+local count, since = 0, now
+if d[1] and now - tonumber(d[2]) < 3 * tau then
+  count = tonumber(d[1]) * math.exp(-math.max(0, now - tonumber(d[2])) / tau)
+  since = tonumber(d[3] or (now - 100 * tau))
 end
-redis.call('HSET', KEYS[1], 'count', tostring(count + tonumber(ARGV[2])), 'ts', tostring(now))
-redis.call('EXPIRE', KEYS[1], math.ceil(10 * tonumber(ARGV[3])))
+redis.call('HSET', KEYS[1], 'count', tostring(count + tonumber(ARGV[2])), 'ts', tostring(now),
+           'since', tostring(since))
+redis.call('EXPIRE', KEYS[1], math.ceil(10 * tau))
 return 1
 """
 )
@@ -218,7 +254,7 @@ class Limits:
     max_wait_seconds: float  # the request's own deadline window (its tier's max wait or tighter)
     own_deadline: bool = False  # tighter than the tier's: only requests due first count ahead
     first_token_target_seconds: float | None = None  # the tier's SLO, if it sheds at it
-    target_fraction: float = 1.0  # of the target, the estimated wait admitted at most
+    wait_quantile: float = 0.5  # of the wait to a first token, what must meet the target
 
     @property
     def sheds_at_target(self) -> bool:
@@ -227,22 +263,25 @@ class Limits:
 
     @property
     def acceptable_wait_seconds(self) -> float:
-        """The longest estimated wait for an engine this request is admitted with."""
+        """The longest estimated wait this request is admitted with: the first-token target (for
+        the wait's `wait_quantile`), else the deadline (for the mean wait for an engine)."""
         if self.sheds_at_target:
-            return float(self.first_token_target_seconds or 0) * self.target_fraction
+            return float(self.first_token_target_seconds or 0)
         return self.max_wait_seconds
 
 
 @dataclass(frozen=True)
 class Decision:
     """An admission decision. `reason` is empty when admitted; `retry_after_seconds` is None
-    when no wait can be estimated (no worker, or no drain rate measured yet)."""
+    when no wait can be estimated (no worker, or no drain rate measured yet).
+    `estimated_wait_seconds` is the wait a too_slow refusal was judged by (else None)."""
 
     reason: str
     retry_after_seconds: float | None
     config_version: str
     drain_rate_per_second: float
     ahead: int
+    estimated_wait_seconds: float | None = None
 
     @property
     def admitted(self) -> bool:
@@ -274,6 +313,12 @@ _SOURCES = {"admit": _ADMIT, "refund": _REFUND, "drain": _DRAIN, "lead": _LEAD}
 def drain_tau_seconds() -> float:
     """The drain rate's decay time constant (settings give its half-life)."""
     return float(settings.LLMQUEUE_DRAIN_HALF_LIFE_SECONDS) / math.log(2)
+
+
+@cache
+def quantile_z(quantile: float) -> float:
+    """The standard normal's quantile: Wilson-Hilferty turns it into the wait's."""
+    return NormalDist().inv_cdf(quantile)
 
 
 def _now_arg(now: float | None) -> str:
@@ -317,15 +362,17 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         tenant_depth,
         _deadline_arg(limits, now),
         "1" if limits.sheds_at_target else "",
+        quantile_z(limits.wait_quantile),
     ]
-    reason, retry, version, rate, ahead = _scripts()["admit"](keys=keys, args=args)
-    retry_after = float(retry)
+    reason, retry, version, rate, ahead, wait = _scripts()["admit"](keys=keys, args=args)
+    retry_after, estimate = float(retry), float(wait)
     return Decision(
         reason=_text(reason),
         retry_after_seconds=None if retry_after < 0 else retry_after,
         config_version=_text(version),
         drain_rate_per_second=float(rate),
         ahead=int(ahead),
+        estimated_wait_seconds=None if estimate < 0 else estimate,
     )
 
 
@@ -382,7 +429,7 @@ def limits_for(caller: Caller, route: ModelRoute, spec: PromptSpec | None = None
         first_token_target_seconds=(
             caller.first_token_target_seconds if settings.LLMQUEUE_SHED_AT_SLO else None
         ),
-        target_fraction=settings.LLMQUEUE_SHED_AT_SLO_FRACTION,
+        wait_quantile=settings.LLMQUEUE_SHED_WAIT_QUANTILE,
     )
 
 
@@ -450,10 +497,11 @@ def rejection(decision: Decision, limits: Limits, tenant: str) -> ApiError:
             "queue_full",
         ),
         TOO_SLOW: (
-            f"Queue {limits.queue!r} would not reach this request within "
-            f"{limits.acceptable_wait_seconds:g} s ({limits.target_fraction:g} of its tier's "
-            f"{limits.first_token_target_seconds:g} s first-token target): {decision.ahead} "
-            f"requests waiting{wait}.",
+            f"Queue {limits.queue!r} would likely not reach this request within its tier's "
+            f"{limits.first_token_target_seconds:g} s first-token target: {decision.ahead} "
+            f"requests due first{wait}, its wait to a first token estimated at "
+            f"{decision.estimated_wait_seconds or 0:.2f} s (the {limits.wait_quantile:g} "
+            "quantile).",
             "slo_unreachable",
         )
         if limits.sheds_at_target

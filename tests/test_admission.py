@@ -8,6 +8,7 @@ import multiprocessing
 import time
 import uuid
 from datetime import UTC, datetime
+from statistics import NormalDist
 
 import pytest
 import redis
@@ -45,6 +46,27 @@ def admit(lim: Limits, tokens: int, at: float) -> Decision:
 
 def reasons(decisions: list[Decision]) -> list[str]:
     return [d.reason for d in decisions]
+
+
+def drain_at(live: redis.Redis, per_second: float, span_taus: float = 2.0) -> None:
+    """Record claims so that the queue's drain rate at T0 is exactly `per_second`: counting
+    started `span_taus` time constants ago, and what was claimed since then comes in at T0."""
+    tau = admission.drain_tau_seconds()
+    pipe = live.pipeline(transaction=False)
+    admission.record_drain(pipe, QUEUE, 0, {}, now=T0 - span_taus * tau)
+    claimed = per_second * tau * (1 - math.exp(-span_taus))
+    admission.record_drain(pipe, QUEUE, claimed, {}, now=T0)
+    lua.execute(pipe)
+
+
+def wait_quantile(due: int, rate: float, lead: float, lead_var: float, q: float) -> float:
+    """The wait's q-quantile as admission models it: Gamma(due + 1, rate) + the lead, as the
+    Gamma of the same mean and variance, by Wilson-Hilferty."""
+    mean = (due + 1) / rate + lead
+    var = (due + 1) / rate**2 + lead_var
+    shape = mean**2 / var
+    z = NormalDist().inv_cdf(q)
+    return float(mean * (1 - 1 / (9 * shape) + z / (3 * math.sqrt(shape))) ** 3)
 
 
 def test_request_rate_allows_the_burst_then_refills_at_the_rate(live):
@@ -94,10 +116,7 @@ def test_full_queue_retry_after_follows_the_measured_drain_rate(live):
     lim = limits(max_queue_depth=10)
     live.lpush(QUEUE, *[f"m{i}" for i in range(12)])
     assert admit(lim, 1, 0.0).retry_after_seconds is None  # no drain rate measured yet
-    tau = admission.drain_tau_seconds()
-    pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)  # 4 requests/s
-    lua.execute(pipe)
+    drain_at(live, 4.0)
     decision = admit(lim, 1, 0.0)
     assert decision.reason == "queue_full"
     assert decision.drain_rate_per_second == pytest.approx(4.0, rel=1e-3)
@@ -108,10 +127,7 @@ def test_full_queue_retry_after_follows_the_measured_drain_rate(live):
 def test_a_wait_longer_than_the_deadline_is_refused_up_front(live):
     lim = limits(max_wait_seconds=2.0)
     live.lpush(QUEUE, *[f"m{i}" for i in range(10)])
-    tau = admission.drain_tau_seconds()
-    pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)
-    lua.execute(pipe)
+    drain_at(live, 4.0)
     decision = admit(lim, 1, 0.0)  # 10 ahead at 4/s: 2.5 s > 2 s
     assert (decision.reason, decision.ahead) == ("too_slow", 10)
     assert decision.retry_after_seconds == pytest.approx(0.5, rel=1e-3)
@@ -119,41 +135,82 @@ def test_a_wait_longer_than_the_deadline_is_refused_up_front(live):
     assert admit(lim, 1, 0.0).admitted
 
 
-def test_a_tier_with_a_first_token_target_sheds_at_the_target_not_at_the_deadline(live):
-    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0)
-    live.lpush(QUEUE, *[f"m{i}" for i in range(6)])
+def test_a_rate_counted_for_less_than_a_half_life_is_not_biased_low(live):
     tau = admission.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)
+    admission.record_drain(pipe, QUEUE, 1, {}, now=T0 - 2.0)  # counting starts
+    admission.record_drain(pipe, QUEUE, 8, {}, now=T0)  # 8 more in the 2 s since
     lua.execute(pipe)
-    decision = admit(lim, 1, 0.0)  # 6 ahead at 4/s: 1.5 s, past the 1 s target (deadline 30 s)
-    assert (decision.reason, decision.ahead) == ("too_slow", 6)
-    assert decision.retry_after_seconds == pytest.approx(0.5, rel=1e-3)
+    live.lpush(QUEUE, "m1")
+    observed = tau * (1 - math.exp(-2.0 / tau))  # the decayed seconds the count covers
+    expected = (math.exp(-2.0 / tau) + 8) / observed  # ~4.7/s; count / tau alone said ~0.6/s
+    assert admit(limits(), 1, 0.0).drain_rate_per_second == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_first_claims_rate_counts_over_at_least_the_minimum_span(live):
+    tau = admission.drain_tau_seconds()
+    pipe = live.pipeline(transaction=False)
+    admission.record_drain(pipe, QUEUE, 3, {}, now=T0 - 0.01)  # 3 claims, 10 ms ago
+    lua.execute(pipe)
+    live.lpush(QUEUE, "m1")
+    span = admission.MIN_DRAIN_SPAN_SECONDS
+    expected = 3 * math.exp(-0.01 / tau) / (tau * (1 - math.exp(-span / tau)))  # ~3/s
+    assert admit(limits(), 1, 0.0).drain_rate_per_second == pytest.approx(expected, rel=1e-9)
+
+
+def test_after_an_idle_spell_the_rate_counts_afresh(live):
+    tau = admission.drain_tau_seconds()
+    pipe = live.pipeline(transaction=False)
+    admission.record_drain(pipe, QUEUE, 100, {}, now=T0 - 5 * tau)  # long ago: forgotten
+    admission.record_drain(pipe, QUEUE, 2, {}, now=T0 - 2.0)
+    admission.record_drain(pipe, QUEUE, 4, {}, now=T0)
+    lua.execute(pipe)
+    assert float(live.hget(admission.drain_key(QUEUE), "since") or 0) == T0 - 2.0
+    live.lpush(QUEUE, "m1")
+    expected = (2 * math.exp(-2.0 / tau) + 4) / (tau * (1 - math.exp(-2.0 / tau)))
+    assert admit(limits(), 1, 0.0).drain_rate_per_second == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_tier_with_a_first_token_target_sheds_at_the_target_not_at_the_deadline(live):
+    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0, wait_quantile=0.9)
+    assert lim.acceptable_wait_seconds == 1.0
+    drain_at(live, 4.0)
+    live.lpush(QUEUE, *[f"m{i}" for i in range(2)])
+    # 2 due first at 4/s, no lead measured: the 0.9 quantile of Gamma(3, 4/s) ~1.33 s > 1 s.
+    decision = admit(lim, 1, 0.0)
+    estimate = wait_quantile(2, 4.0, 0.0, 0.0, 0.9)
+    assert (decision.reason, decision.ahead) == ("too_slow", 2)
+    # Exact but for the drain count's round trip through Lua's tostring (14 digits).
+    assert decision.estimated_wait_seconds == pytest.approx(estimate, rel=1e-9, abs=1e-7)
+    assert decision.retry_after_seconds == pytest.approx(estimate - 1.0, rel=1e-9, abs=1e-7)
     assert admit(limits(max_wait_seconds=30.0), 1, 0.0).admitted  # no target: the deadline
-    live.rpop(QUEUE, 3)  # 3 ahead: 0.75 s
+    live.rpop(QUEUE, 1)  # 1 due first: Gamma(2, 4/s)'s 0.9 quantile ~0.97 s
+    assert wait_quantile(1, 4.0, 0.0, 0.0, 0.9) < 1.0
     assert admit(lim, 1, 0.0).admitted
+    assert live.llen(QUEUE) == 1  # admit decides; only the submission enqueues
     # A target at or past the deadline changes nothing.
     assert limits(max_wait_seconds=2.0, first_token_target_seconds=5.0).acceptable_wait_seconds == 2
 
 
-def test_a_fraction_of_the_target_sheds_before_the_mean_wait_reaches_it(live):
-    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0, target_fraction=0.75)
-    assert lim.acceptable_wait_seconds == 0.75
-    live.lpush(QUEUE, *[f"m{i}" for i in range(4)])
-    tau = admission.drain_tau_seconds()
-    pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)
-    lua.execute(pipe)
-    decision = admit(lim, 1, 0.0)  # 4 ahead at 4/s: 1 s, past 0.75 of the 1 s target
-    assert (decision.reason, decision.ahead) == ("too_slow", 4)
-    assert decision.retry_after_seconds == pytest.approx(0.25, rel=1e-3)
-    live.rpop(QUEUE, 1)  # 3 ahead: 0.75 s
+def test_the_quantile_judges_a_short_queue_more_strictly_than_a_long_one(live):
+    # The same mean wait, 0.8 s, once as 3 due first at 5/s and once as 39 at 50/s: the short
+    # queue's wait spreads more (cv 1/2 vs 1/sqrt(40)), so only it misses a 1 s target at 0.9.
+    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0, wait_quantile=0.9)
+    live.lpush(QUEUE, *[f"m{i}" for i in range(3)])
+    drain_at(live, 5.0)
+    short = admit(lim, 1, 0.0)
+    assert short.reason == "too_slow"
+    assert short.estimated_wait_seconds == pytest.approx(wait_quantile(3, 5.0, 0, 0, 0.9), abs=1e-7)
+    live.delete(admission.drain_key(QUEUE))
+    live.lpush(QUEUE, *[f"n{i}" for i in range(36)])
+    drain_at(live, 50.0)
+    assert wait_quantile(39, 50.0, 0, 0, 0.9) < 1.0 < wait_quantile(3, 5.0, 0, 0, 0.9)
     assert admit(lim, 1, 0.0).admitted
-    assert live.llen(QUEUE) == 3  # admit decides; only the submission enqueues
+    assert live.llen(QUEUE) == 39
 
 
-def test_limits_take_the_shedding_fraction_from_the_settings(settings):
-    settings.LLMQUEUE_SHED_AT_SLO_FRACTION = 0.5
+def test_limits_take_the_wait_quantile_from_the_settings(settings):
+    settings.LLMQUEUE_SHED_WAIT_QUANTILE = 0.8
     caller = Caller(
         key_id=1, tenant_id=1, tenant_name="t", tenant_active=True, key_revoked=False,
         max_tokens_per_request=100, requests_per_second=1.0, burst=1, tokens_per_minute=1000,
@@ -162,25 +219,34 @@ def test_limits_take_the_shedding_fraction_from_the_settings(settings):
         max_queue_depth=10,
     )  # fmt: skip
     lim = admission.limits_for(caller, ModelRoute("m", "default", 2048, 512))
-    assert (lim.first_token_target_seconds, lim.acceptable_wait_seconds) == (2.0, 1.0)
+    assert (lim.first_token_target_seconds, lim.acceptable_wait_seconds) == (2.0, 2.0)
+    assert lim.wait_quantile == 0.8
 
 
 def test_judged_against_the_target_the_wait_includes_the_engines_measured_lead(live):
-    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0)
+    lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0, wait_quantile=0.9)
     tau = admission.drain_tau_seconds()
+    drain_at(live, 10.0)
     pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 4 * tau, {}, now=T0)  # 4 requests/s
-    admission.record_leads(pipe, QUEUE, 1.0, 2, now=T0 - 5)  # two took 0.5 s to a first token
-    admission.record_leads(pipe, QUEUE, 0.8, 1, now=T0)  # the latest 0.8 s: mean ~0.6 s
+    admission.record_leads(pipe, QUEUE, 0.4, 2, now=T0 - 5)  # a batch of two, mean 0.2 s
+    admission.record_leads(pipe, QUEUE, 0.3, 1, now=T0 - 1)  # one of 0.3 s
+    admission.record_leads(pipe, QUEUE, 0.5, 1, now=T0)  # one of 0.5 s
     lua.execute(pipe)
     assert admit(lim, 1, 0.0).admitted  # an empty queue is never too slow, whatever the lead
-    live.lpush(QUEUE, "m1", "m2")
-    decision = admit(lim, 1, 0.0)  # 2 ahead at 4/s = 0.5 s, + ~0.6 s in the engine > 1 s
-    assert (decision.reason, decision.ahead) == ("too_slow", 2)
-    sum_, n = (float(x) for x in live.hmget(admission.drain_key(QUEUE), "lead_sum", "lead_n"))
-    decay = math.exp(-5 / tau)
-    assert (sum_, n) == (pytest.approx(1.0 * decay + 0.8), pytest.approx(2 * decay + 1))
-    assert decision.retry_after_seconds == pytest.approx(0.5 + sum_ / n - 1.0, rel=1e-3)
+    d5, d1 = math.exp(-5 / tau), math.exp(-1 / tau)
+    sums = {"lead_sum": 0.4 * d5 + 0.3 * d1 + 0.5, "lead_n": 2 * d5 + d1 + 1}
+    sums |= {"lead_sq": 0.4**2 / 2 * d5 + 0.3**2 * d1 + 0.5**2, "lead_b": d5 + d1 + 1}
+    stored = live.hmget(admission.drain_key(QUEUE), *sums)
+    assert [float(x or 0) for x in stored] == [pytest.approx(v, rel=1e-9) for v in sums.values()]
+    lead = sums["lead_sum"] / sums["lead_n"]  # ~0.35 s
+    # The spread of the batches' means, each weighed by its size (b - 1: unbiased).
+    lead_var = (sums["lead_sq"] - lead * sums["lead_sum"]) / (sums["lead_b"] - 1)
+    live.lpush(QUEUE, "m1", "m2", "m3")
+    decision = admit(lim, 1, 0.0)  # 3 due first at 10/s (0.4 s) + ~0.35 s: 0.9 quantile ~1.1 s
+    estimate = wait_quantile(3, 10.0, lead, lead_var, 0.9)
+    assert estimate > 1.0 > wait_quantile(3, 10.0, 0.0, 0.0, 0.9)  # without the lead, in time
+    assert (decision.reason, decision.ahead) == ("too_slow", 3)
+    assert decision.estimated_wait_seconds == pytest.approx(estimate, rel=1e-9, abs=1e-7)
     assert admit(limits(max_wait_seconds=1.0), 1, 0.0).admitted  # a deadline: queue wait only
 
 

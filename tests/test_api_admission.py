@@ -4,6 +4,7 @@ real worker, quota changes seen by the running server, a broker lost at publish.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -97,24 +98,31 @@ def test_full_tier_queue_is_503_and_nothing_stored(
 
 
 def test_a_wait_past_the_tiers_first_token_target_is_503_and_nothing_stored(
-    live_server, seeded: Seeded, clean_redis: redis.Redis
+    live_server, seeded: Seeded, clean_redis: redis.Redis, settings: Any
 ):
+    # A drain rate that does not decay while the request is on its way: its estimate is exact.
+    settings.LLMQUEUE_DRAIN_HALF_LIFE_SECONDS = 1e6
     pretend_live(clean_redis, "default")
     Tier.objects.filter(name="interactive").update(first_token_target_seconds=0.5)
     assert [ask(live_server, seeded.key).status_code for _ in range(3)] == [202] * 3
     queue = "default.interactive"
+    tau = admission.drain_tau_seconds()
     pipe = clean_redis.pipeline(transaction=False)
-    admission.record_drain(pipe, queue, 4 * admission.drain_tau_seconds(), {})  # 4 per second
+    admission.record_drain(pipe, queue, 0, {}, now=time.time() - 2 * tau)  # counting since 2 tau
+    admission.record_drain(pipe, queue, 4 * tau * (1 - math.exp(-2)), {})  # 4 per second
     pipe.execute()
-    refused = ask(live_server, seeded.key)  # 3 ahead at 4/s: 0.75 s, its deadline 30 s
+    # 3 due first at 4/s, its deadline 30 s: the 0.6 quantile (the default) of Gamma(4, 4/s) is
+    # ~1.04 s.
+    refused = ask(live_server, seeded.key)
     assert refused.status_code == 503
     error = refused.json()["error"]
     assert error["code"] == "slo_unreachable"
-    assert (
-        "within 0.375 s (0.75 of its tier's 0.5 s first-token target): 3 requests waiting"
-        in (error["message"])
+    assert error["message"] == (
+        "Queue 'default.interactive' would likely not reach this request within its tier's "
+        "0.5 s first-token target: 3 requests due first (about 1 s of work ahead), its wait to "
+        "a first token estimated at 1.04 s (the 0.6 quantile)."
     )
-    assert refused.headers["Retry-After"] == "1"  # 0.375 s, rounded up
+    assert refused.headers["Retry-After"] == "1"  # 0.54 s past the target, rounded up
     assert PromptRequest.objects.count() == 3 and queued_messages(clean_redis) == 3
 
 
