@@ -165,8 +165,12 @@ median prompt and 1/8 of its median output, prefill-heavy work unlike what the d
 tuned on). Goals: at 1.2× with Poisson arrivals, ours meets the interactive first-token SLO for
 at least 0.99 of the offered requests with batch throughput at least 0.90 of fifo's, in every
 scenario; and in every scenario ours at least matches strict on interactive attainment and on
-batch progress during the window. Where the engine has room for every batch request under both
-orders, their batch progress is equal; `beats strict` says where ours is strictly ahead.""",
+batch progress during the window: batch tokens done by its end, within one batch request, net of
+the interactive tokens ours served beyond strict's (admission sheds by each queue's own state, so
+the two serve different numbers of interactive requests, and with the engine full under both,
+each interactive token one serves more is one its batch does not get). Where the engine has room
+for every batch request under both orders, their batch progress is equal; `beats strict` says
+where ours is strictly ahead.""",
     "admission": """\
 The API under granian (WSGI, `--api-workers` processes × `--threads` blocking threads), its own
 fresh database (PostgreSQL when `$DATABASE_URL` names a server, as the goal is stated; else a

@@ -508,7 +508,19 @@ def summarise_run(
         and setup.trace(r["finished"] - r["enqueued"]) <= setup.batch_deadline_s
     ]
     in_window = [r for r in batch_ok if setup.trace(r["finished"] - t0) <= setup.window_s]
-    batch_tokens = sum((r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0) for r in batch_ok)
+    # The engine's work while arrivals last, per tier: a policy that serves more interactive
+    # requests (it shed fewer) has that much less left for batch, the engine full under both.
+    window_tokens = {
+        tier: sum(
+            _tokens(r)
+            for r in by_tier[tier]
+            if r["status"] == "succeeded"
+            and r["finished"]
+            and setup.trace(r["finished"] - t0) <= setup.window_s
+        )
+        for tier in by_tier
+    }
+    batch_tokens = sum(_tokens(r) for r in batch_ok)
     busy = [(r["started"], r["finished"]) for r in rows if r["started"] and r["finished"]]
     busy_s = setup.trace(interval_union(busy, t0, t0 + setup.wall(span)))
     return {
@@ -525,6 +537,8 @@ def summarise_run(
         "batch_throughput_own_span_per_s": round(len(batch_ok) / span, 4) if span else None,
         "batch_window_throughput_per_s": round(len(in_window) / setup.window_s, 4),
         "batch_window_throughput_vs_fifo": None,
+        "batch_window_tokens": window_tokens[BATCH],
+        "interactive_window_tokens": window_tokens[INTERACTIVE],
         "batch_tokens_per_s": round(batch_tokens / span, 1) if span else None,
         "batch_completed_in_deadline": len(batch_ok),
         "batch_p50_completion_s": _round(
@@ -546,6 +560,10 @@ def summarise_run(
         "drained": drained,
         "max_send_lag_ms": round(max((s.lag_s for s in sent), default=0.0) * 1000, 1),
     }
+
+
+def _tokens(row: dict[str, Any]) -> int:
+    return int((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0))
 
 
 def _ratio(part: int, whole: int) -> float | None:
