@@ -1,9 +1,10 @@
 """Running one request on a worker: claim it, run it on the warm engine, record and publish once.
 
 The stages run on the threads that own them, chained by future callbacks: the recorder thread
-claims (DB), the engine thread generates, the recorder thread records and publishes. The Celery
-task's thread only starts the chain and waits for its end, so no stage waits for that thread to
-wake up between two others (three wake-ups fewer on every request's critical path).
+claims (DB), the engine thread generates, the recorder thread records and publishes. The chain
+starts as the message is read (the worker's delivery hook, workers/prestart.py); the Celery
+task's thread only takes it over and waits for its end, to ack the message, so no stage waits
+for Celery's strategy or a task thread to wake up.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from workers.runtime import current_engine
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-__all__ = ["run_prompts", "start_prompt"]
+__all__ = ["run_prompts", "start_delivered", "start_prompt"]
 
 Ran = tuple[lifecycle.Claim, lifecycle.Finish | None, Recorded | None]
 
@@ -88,22 +89,26 @@ def outcome_of(
 
 
 def start_prompt(
-    payload: TaskPayload, worker: str, recorder: Recorder, engine: Engine, hold: Hold = NO_HOLD
+    payload: TaskPayload,
+    worker: str,
+    recorder: Recorder,
+    engine: Engine,
+    hold: Hold = NO_HOLD,
+    lane: str = "",
 ) -> Future[Ran]:
     """Claim → generate → record and publish, without blocking; the future holds the claim and,
     if it ran, the outcome and what became of it. `hold` (the request's place in the engine
-    budget) is released when the chain ends.
+    budget) is released when the chain ends; `lane` is the queue the request came from (the
+    engine's admission parks a capped tier's requests by it).
 
-    The engine gets the request while the claim is being recorded, not after: usually from the
-    worker's delivery hook already (workers/prestart.py), else here. On a saturated engine the
-    hops before the claim and its DB round trip decide whether the first token comes a step
-    later. A claim that loses (another attempt has the request, it was finished or revoked)
-    aborts the generation. A request already past its deadline is only claimed, which expires
-    it: nothing of it is generated."""
+    The engine gets the request while the claim is being recorded, not after: on a saturated
+    engine the claim's DB round trip decides whether the first token comes a step later. A
+    claim that loses (another attempt has the request, it was finished or revoked) aborts the
+    generation. A request already past its deadline is only claimed, which expires it: nothing
+    of it is generated."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
-    # The delivery hook's generation if it ran, else one started now (unless overdue).
-    started = take_prestart(payload["request_id"]) or start_unless_overdue(engine, payload)
+    started = start_unless_overdue(engine, payload, lane)
 
     def on_claim(claim: lifecycle.Claim) -> None:
         if claim.expired or claim.attempt is None:
@@ -113,7 +118,7 @@ def start_prompt(
             return
         attempt = claim.attempt
         # Overdue by this host's clock yet claimed (clocks differ): it runs all the same.
-        generation = started or start_generation(engine, payload)
+        generation = started or start_generation(engine, payload, lane)
 
         def on_generated(generated: Future[GenerationResult]) -> None:
             try:
@@ -140,9 +145,18 @@ def start_prompt(
     return done
 
 
+def start_delivered(
+    worker: str, recorder: Recorder, engine: Engine, payload: TaskPayload, lane: str, hold: Hold
+) -> Future[Ran]:
+    """The worker's delivery hook's starter (workers.prestart.Starter): `start_prompt` for a
+    request as its message is read from queue `lane`."""
+    return start_prompt(payload, worker, recorder, engine, hold, lane)
+
+
 def run_prompts(payloads: list[TaskPayload], worker: str) -> None:
     """Run the requests of one task message (one for an API call, several for a bulk job's
-    chunk) on the engine at once; each outcome is published by the recorder.
+    chunk) on the engine at once, or take over the chains the delivery hook started for them;
+    each outcome is published by the recorder.
 
     Raises Ignore when this delivery did nothing to publish (the requests were already finished,
     or another attempt took them over) or only expiries (the recorder published those: their
@@ -153,7 +167,8 @@ def run_prompts(payloads: list[TaskPayload], worker: str) -> None:
     holds = take_holds([payload["request_id"] for payload in payloads])
     try:
         chains = [
-            start_prompt(payload, worker, recorder, engine, hold)
+            take_prestart(payload["request_id"])
+            or start_prompt(payload, worker, recorder, engine, hold)
             for payload, hold in zip(payloads, holds, strict=True)
         ]
         ran = [chain.result() for chain in chains]

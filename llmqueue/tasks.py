@@ -26,14 +26,15 @@ def generate(self: Any, payloads: list[TaskPayload]) -> None:
 @task_revoked.connect
 def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
     """Celery drops a message past its `expires` before running it: the recorder marks the row
-    expired and publishes that, off the consumer's event loop. Any revoked message gives its
-    requests' places in the engine budget back."""
+    expired and publishes that, off the consumer's event loop, unless the request was started
+    at delivery (its claim expires an overdue row). Any revoked message gives its requests'
+    places in the engine budget back."""
     if request is None or getattr(sender, "name", None) != GENERATE_TASK:
         return
     ids = [payload["request_id"] for payload in request.args[0]]
-    drop_prestarts(ids)
+    unstarted = drop_prestarts(ids)  # a request started at delivery: its claim decides
     for hold in take_holds(ids):
         hold.release()
     if expired:
-        for request_id in ids:
+        for request_id in unstarted:
             get_recorder().expire(uuid.UUID(request_id))

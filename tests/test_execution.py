@@ -15,6 +15,7 @@ from llmqueue.execution import start_prompt
 from llmqueue.payload import TaskPayload
 from llmqueue.recorder import Recorded, Recorder
 from tests.conftest import wait_until
+from workers.engine_budget import NO_HOLD
 from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
 
 
@@ -83,25 +84,37 @@ def test_a_request_past_its_deadline_is_only_claimed_never_generated(engine: Sim
     assert engine.submitted == 0 and recorder.finished == []
 
 
-def test_a_request_started_at_delivery_is_taken_over_by_its_task_or_dropped(
-    engine: SimulatedEngine,
-):
-    from workers.batching import RequestAborted
+def test_a_request_started_at_delivery_runs_its_chain_before_any_task(engine: SimulatedEngine):
+    from functools import partial
+
+    from llmqueue.execution import start_delivered
+    from workers.engine_budget import EngineBudget, EngineLimits
     from workers.prestart import PreStarts
 
-    prestarts = PreStarts(engine)
+    recorder = HeldClaims()
+    budget = EngineBudget(EngineLimits(8, 8, 10_000))
+    prestarts = PreStarts(partial(start_delivered, "w", cast(Recorder, recorder), engine))
     kept, dropped, late = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    prestarts.start(payload(kept, 5, 30))
-    prestarts.start(payload(dropped, 100_000, 30))
-    prestarts.start(payload(late, 5, -1))  # past its deadline: only its claim may run
-    assert len(prestarts) == 2 and prestarts.take(str(late)) is None
-    wait_until(lambda: engine.steps >= 2, 10, "steps")  # both generating before any task ran
-    started = prestarts.take(str(kept))
-    assert started is not None and started.engine_id.startswith(f"{kept}:")
-    assert started.future.result(timeout=10).completion_tokens == 5
-    assert prestarts.take(str(kept)) is None  # taken once
-    doomed = prestarts._started[str(dropped)][0].future
-    prestarts.drop([str(dropped), str(uuid.uuid4())])  # its message was revoked
-    with pytest.raises(RequestAborted):
-        doomed.result(timeout=10)
-    assert len(prestarts) == 0
+    for rid, max_tokens, deadline_in in ((kept, 5, 30), (dropped, 5, 30), (late, 5, -1)):
+        hold = budget.hold("p.batch", str(rid), 10, pending=False)
+        prestarts.start(payload(rid, max_tokens, deadline_in), "p.batch", hold)
+    assert len(prestarts) == 3 and budget.requests == 3
+    assert budget.take([str(kept)]) == [NO_HOLD]  # the chain holds it, not the task
+    wait_until(lambda: engine.steps >= 2, 10, "steps")  # generating before any task ran
+    assert len(recorder.claims) == 3 and engine.submitted == 2  # the late one: claimed only
+    for pending, rid in zip(recorder.claims, (kept, dropped, late), strict=True):
+        pending.set_result(
+            lifecycle.Claim(rid, attempt=1 if rid != late else None, expired=rid == late)
+        )
+    chain = prestarts.take(str(kept))
+    assert chain is not None and prestarts.take(str(kept)) is None  # taken once
+    claim, outcome, recorded = chain.result(timeout=10)
+    assert (claim.attempt, recorded) == (1, Recorded(won=True, published=True))
+    assert outcome is not None and outcome.completion_tokens == 5
+    # A message Celery dropped: its chain is forgotten, not aborted, and ends by itself.
+    unknown = str(uuid.uuid4())
+    assert prestarts.drop([str(dropped), unknown]) == [unknown]  # the ids that had no chain
+    wait_until(lambda: len(recorder.finished) == 2, 10, "the dropped message's chain")
+    assert sorted(f.request_id for f in recorder.finished) == sorted([kept, dropped])
+    assert prestarts.take(str(late)) is not None and len(prestarts) == 0
+    wait_until(lambda: budget.requests == 0, 10, "every chain's hold released")

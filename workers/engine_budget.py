@@ -208,7 +208,10 @@ class EngineBudget:
         # behind its first copy: one entry per delivery).
         self._pending: dict[str, list[Hold]] = {}
 
-    def hold(self, queue: str, request_id: str, tokens: int) -> None:
+    def hold(self, queue: str, request_id: str, tokens: int, pending: bool = True) -> Hold:
+        """Count a delivered request against `queue`'s tier. The hold waits for the task that
+        runs the request to `take` it, unless `pending` is False: then whoever holds the
+        returned Hold releases it (the chain started at delivery, workers/prestart.py)."""
         hold = Hold(self, queue, request_id, tokens)
         with self._lock:
             usage = self._usage.setdefault(queue, TierUsage())
@@ -216,8 +219,10 @@ class EngineBudget:
             usage.tokens += tokens
             self._held.requests += 1
             self._held.tokens += tokens
-            self._pending.setdefault(request_id, []).append(hold)
+            if pending:
+                self._pending.setdefault(request_id, []).append(hold)
             self._peak(queue).observe(usage.requests)
+        return hold
 
     def take(self, request_ids: Iterable[str]) -> list[Hold]:
         """The holds of a message's requests, for the task that runs them to release; a request

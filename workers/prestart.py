@@ -1,10 +1,13 @@
-"""Requests handed to the engine at delivery, before Celery's task for them runs.
+"""Requests started at delivery: each delivered message's requests run as soon as it is read.
 
 On a saturated engine the hop from a delivered message to its task (Celery's strategy, a task
-slot's thread, the tracer) is often what makes a first token come a step later. So the worker's
-delivery hook hands each request to the engine at once; the task then takes that generation over
-(llmqueue/execution.py), or aborts it when its claim loses. A revoked or expired message drops
-its generations (llmqueue/tasks.py). A request already past its deadline is not started.
+slot's thread, the tracer) is often what makes a first token come a step later, and on an idle
+one it is a third of the time a request spends in the worker. So the worker's delivery hook
+starts each request's whole chain at once (claim, engine, record and publish:
+llmqueue/execution.py's `start_prompt`); the Celery task then only takes the chain over and
+waits for its end, so the message is acked once the outcome is recorded (acks_late). A message
+Celery drops instead (revoked, expired) leaves its chains to end by themselves: the claim
+decides, as for every delivery, and an overdue request is only claimed, which expires it.
 """
 
 from __future__ import annotations
@@ -12,11 +15,19 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from llmqueue.payload import TaskPayload
 from workers.engine import Engine, GenerationRequest, GenerationResult, generation_request
+from workers.engine_budget import Hold
+
+T = TypeVar("T")
+# Start one delivered request's chain: (payload, the queue it came from, its budget hold, which
+# the chain releases when it ends) -> the chain's end.
+Starter = Callable[[TaskPayload, str, Hold], "Future[T]"]
 
 
 @dataclass(frozen=True)
@@ -56,38 +67,35 @@ def start_unless_overdue(engine: Engine, payload: TaskPayload, lane: str = "") -
     return start_generation(engine, payload, lane)
 
 
-class PreStarts:
-    """Thread-safe: started on the consumer thread, taken on task threads."""
+class PreStarts(Generic[T]):
+    """The chains started at delivery, until their tasks take them. Thread-safe: started on the
+    consumer thread, taken on task threads."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, starter: Starter[T]) -> None:
+        self._starter = starter
         self._lock = threading.Lock()
-        self._started: dict[str, list[Started]] = {}
+        self._started: dict[str, list[Future[T]]] = {}
 
-    def start(self, payload: TaskPayload, lane: str = "") -> None:
-        started = start_unless_overdue(self._engine, payload, lane)
-        if started is None:
-            return
+    def start(self, payload: TaskPayload, lane: str, hold: Hold) -> None:
+        chain = self._starter(payload, lane, hold)
         with self._lock:
-            self._started.setdefault(payload["request_id"], []).append(started)
+            self._started.setdefault(payload["request_id"], []).append(chain)
 
-    def take(self, request_id: str) -> Started | None:
-        """The oldest generation started for `request_id` and not taken yet, if any."""
+    def take(self, request_id: str) -> Future[T] | None:
+        """The oldest chain started for `request_id` and not taken yet, if any."""
         with self._lock:
             waiting = self._started.get(request_id)
             if not waiting:
                 return None
-            started = waiting.pop(0)
+            chain = waiting.pop(0)
             if not waiting:
                 del self._started[request_id]
-            return started
+            return chain
 
-    def drop(self, request_ids: list[str]) -> None:
-        """Abort one started generation of each request (its message will not run)."""
-        for request_id in request_ids:
-            started = self.take(request_id)
-            if started is not None:
-                self._engine.abort(started.engine_id)
+    def drop(self, request_ids: list[str]) -> list[str]:
+        """Forget one chain of each request whose message will not run (its chain ends by
+        itself); the ids that had none."""
+        return [request_id for request_id in request_ids if self.take(request_id) is None]
 
     def __len__(self) -> int:
         with self._lock:

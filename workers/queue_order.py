@@ -18,6 +18,7 @@ import base64
 import json
 import logging
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from workers.dispatch import UNKNOWN_TIER, DispatchMode, TierPolicy, queue_order
@@ -30,7 +31,7 @@ from workers.engine_budget import (
     estimated_tokens,
     guaranteed_requests,
 )
-from workers.prestart import PreStarts, Started
+from workers.prestart import PreStarts
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,9 @@ class Dispatcher:
         self._asked: list[str] = []
         self._idle = False
         self._hub: Any = None
-        self.prestarts: PreStarts | None = None  # set by workers.serve once the engine is up
+        # Starts each delivered request's chain (workers/prestart.py): set by workers.serve
+        # once the engine is up; without it a request waits for its task.
+        self.prestarts: PreStarts[Any] | None = None
         self.fetched: dict[str, int] = {}  # messages delivered per queue
 
     def set_tiers(self, tiers: Iterable[TierPolicy]) -> None:
@@ -144,14 +147,16 @@ class Dispatcher:
         self.policy.served(queue, self._asked, {q: self.tier(q) for q in self._asked})
 
     def delivered(self, message: dict[str, Any], queue: str) -> None:
-        """Count a delivered message's requests against the budget of `queue`'s tier."""
+        """Count a delivered message's requests against the budget of `queue`'s tier and start
+        them (the chain releases its hold when it ends)."""
         if message.get("headers", {}).get("task") != GENERATE_TASK:
             return
+        prestarts = self.prestarts
         for payload in message_payloads(message):
             tokens = estimated_tokens(payload, self.bytes_per_token)
-            self.budget.hold(queue, payload["request_id"], tokens)
-            if self.prestarts is not None:
-                self.prestarts.start(payload, queue)
+            hold = self.budget.hold(queue, payload["request_id"], tokens, prestarts is None)
+            if prestarts is not None:
+                prestarts.start(payload, queue, hold)
 
     def _wake(self) -> None:
         # Every tier was left out, so no BRPOP is pending and Celery's loop may sleep for
@@ -195,19 +200,21 @@ def _on_delivery(message: dict[str, Any], queue: str) -> None:
         log.exception("could not count a message from %s against the engine budget", queue)
 
 
-def take_prestart(request_id: str) -> Started | None:
-    """The generation the delivery hook started for this request, for its task to take over."""
+def take_prestart(request_id: str) -> Future[Any] | None:
+    """The chain the delivery hook started for this request, for its task to take over."""
     dispatcher = _dispatcher
     if dispatcher is None or dispatcher.prestarts is None:
         return None
     return dispatcher.prestarts.take(request_id)
 
 
-def drop_prestarts(request_ids: list[str]) -> None:
-    """Abort the generations started for a message that will not run (revoked, expired)."""
+def drop_prestarts(request_ids: list[str]) -> list[str]:
+    """Forget the chains started for a message that will not run (revoked, expired): each
+    ends by itself, its claim deciding. The ids that had no chain."""
     dispatcher = _dispatcher
-    if dispatcher is not None and dispatcher.prestarts is not None:
-        dispatcher.prestarts.drop(request_ids)
+    if dispatcher is None or dispatcher.prestarts is None:
+        return list(request_ids)
+    return dispatcher.prestarts.drop(request_ids)
 
 
 def take_holds(request_ids: Sequence[str]) -> list[Hold]:

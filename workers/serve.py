@@ -15,6 +15,7 @@ import argparse
 import os
 import socket
 import sys
+from functools import partial
 from typing import Any
 
 from workers import runtime
@@ -94,13 +95,20 @@ def _start_heartbeat(pool: str, node: str) -> None:
 
 
 def _start_dispatcher(
-    mode: DispatchMode, max_num_seqs: int, slots: int, token_budget: int, queues: list[str]
+    mode: DispatchMode,
+    max_num_seqs: int,
+    slots: int,
+    token_budget: int,
+    queues: list[str],
+    node: str,
 ) -> None:
     """Install this process's dispatcher (workers/queue_order.py) with the tiers as they are now,
-    and the threads that keep it current: tier settings re-read, overdue requests swept."""
+    and the threads that keep it current: tier settings re-read, overdue requests swept. It
+    starts each delivered request's chain, claiming it as node `node`."""
     from celery.signals import worker_ready, worker_shutdown
     from django.conf import settings
 
+    from llmqueue.execution import start_delivered
     from llmqueue.recorder import get_recorder
     from workers import queue_order
     from workers.engine_budget import EngineLimits, default_token_budget
@@ -119,7 +127,7 @@ def _start_dispatcher(
     )
     dispatcher.set_tiers(load_tier_policies())
     engine = runtime.current_engine()
-    dispatcher.prestarts = PreStarts(engine)
+    dispatcher.prestarts = PreStarts(partial(start_delivered, node, get_recorder(), engine))
     if isinstance(engine, ContinuousEngine):
         engine.admission = dispatcher.may_start
     queue_order.install(dispatcher)
@@ -196,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         slots,
         slot_opts.token_budget,
         queues,
+        node,
     )
     _start_heartbeat(slot_opts.pool, node)
     app.worker_main(celery_argv(queues, slots, node, slot_opts.loglevel, slot_opts.events))
