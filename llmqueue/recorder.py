@@ -29,7 +29,7 @@ from typing import Any
 from celery import states
 from celery.exceptions import TaskRevokedError
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from llmqueue import accounting, lifecycle, lua, usage
@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 EXPIRED_REASON = "expired"
 _CLAIM_BOOKS_WAIT_SECONDS = 0.05
+# How often the thread lets Django look at its connection (max age; on PostgreSQL the health
+# check, a SELECT 1 round trip). Once per batch it was one more DB round trip per batch, often
+# on a request's critical path (claim and finish are batches of their own when traffic is
+# light); a failed batch closes the connection at once, so the next one reconnects anyway.
+_CONNECTION_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ class Recorder:
         self._books = Books()
         self._on_sent: list[Callable[[bool], None]] = []
         self._books_since: float | None = None
+        self._connection_checked = 0.0
         self._thread = threading.Thread(target=self._run, name="llmqueue-recorder", daemon=True)
         self._thread.start()
 
@@ -143,6 +149,12 @@ class Recorder:
         """Expire queued requests past their deadline (at most `limit`), publish that and settle
         their books; the future holds how many were expired."""
         return self._submit("sweep", limit)
+
+    def close(self, timeout_seconds: float = 10) -> None:
+        """Record and send what was submitted before, then end the thread and its DB
+        connection."""
+        self._submit("close", None).result(timeout=timeout_seconds)
+        self._thread.join(timeout=timeout_seconds)
 
     def _submit(self, op: str, item: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -171,6 +183,13 @@ class Recorder:
                 if batch:
                     self._apply(batch, handler)
             self._send_books()
+            closing = [j for j in jobs if j[0] == "close"]
+            if closing:
+                self._send_books(force=True)  # claim counts that waited for a next round
+                connection.close()
+                for job in closing:
+                    job[2].set_result(None)
+                return
             if time.monotonic() >= self._next_flush:
                 self._flush()
 
@@ -185,10 +204,31 @@ class Recorder:
             log.exception("flushing usage counters failed; they stay in Redis for the next try")
             connection.close()
 
+    def _check_connection(self) -> None:
+        now = time.monotonic()
+        if now - self._connection_checked >= _CONNECTION_CHECK_SECONDS:
+            self._connection_checked = now
+            close_old_connections()
+
     def _apply(self, batch: list[_Job], handler: Callable[[list[_Job]], None]) -> None:
-        close_old_connections()
+        self._check_connection()
         try:
-            handler(batch)
+            try:
+                handler(batch)
+            except DatabaseError:
+                # Most batches skip Django's connection check: a connection the server dropped
+                # since (a restart, a failover, an idle timeout) fails here instead, so the
+                # batch runs once more on a new one. A statement that failed did not commit;
+                # one whose commit's answer was lost is answered again by the conditional
+                # UPDATEs (a claim takes its own row over, a finish is refused: not won).
+                log.warning(
+                    "recording %d %s jobs failed; retrying on a new connection",
+                    len(batch),
+                    batch[0][0],
+                    exc_info=True,
+                )
+                connection.close()
+                handler(batch)
         except Exception as exc:
             log.exception("recording %d %s jobs failed", len(batch), batch[0][0])
             connection.close()  # a broken connection must not poison the next batch
@@ -264,7 +304,7 @@ class Recorder:
         if self._books_since is None:
             self._books_since = time.monotonic()
 
-    def _send_books(self) -> None:
+    def _send_books(self, force: bool = False) -> None:
         """One pipeline for the round's books, once its rows are committed. Claim counts alone
         (nobody waits for them) ride along with the next round's while more jobs are queued: a
         claim is mostly followed by its finish, so a short request's outcome goes out one round
@@ -272,7 +312,8 @@ class Recorder:
         if self._books_since is None:
             return
         if (
-            not self._on_sent
+            not force
+            and not self._on_sent
             and not self._books.results  # a caller may wait for an expiry's REVOKED
             and not self._jobs.empty()
             and time.monotonic() - self._books_since < _CLAIM_BOOKS_WAIT_SECONDS

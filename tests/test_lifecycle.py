@@ -183,3 +183,33 @@ def test_an_output_holding_nul_is_stored_with_the_replacement_character_and_spoi
     plain.refresh_from_db()
     assert (odd.status, odd.output_text) == (S.SUCCEEDED, "a\ufffdb")
     assert (plain.status, plain.output_text) == (S.SUCCEEDED, "fine")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_recorder_reconnects_when_the_server_dropped_its_connection():
+    """The recorder checks its connection once a second, not before every batch: a batch that
+    meets a dropped connection runs again on a new one, and nothing is lost."""
+    from django.db import connection
+
+    from llmqueue.recorder import Books, Recorder
+
+    if connection.vendor != "postgresql":
+        pytest.skip("only a database server can drop a connection (SQLite is a file)")
+    published: list[Books] = []
+    recorder = Recorder(published.append)
+    first, second = make_request(), make_request()
+    assert recorder.claim(first.id, "w1").result(timeout=10).attempt == 1
+    with connection.cursor() as cursor:  # what a server restart does to the recorder's connection
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        [(terminated,)] = cursor.fetchall()
+        assert terminated >= 1  # the recorder's (and any other test's idle one)
+    assert recorder.claim(second.id, "w1").result(timeout=10).attempt == 1
+    recorded = recorder.finish(done(second.id, 1)).result(timeout=10)
+    assert (recorded.won, recorded.published) == (True, True)
+    second.refresh_from_db()
+    assert (second.status, second.attempts, second.output_text) == (S.SUCCEEDED, 1, "out")
+    recorder.close()
+    assert [str(second.id)] == [r[0] for b in published for r in b.results]
