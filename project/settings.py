@@ -1,5 +1,7 @@
 """Django and Celery settings, each read once from the environment (see .env.example)."""
 
+import os
+import warnings
 from pathlib import Path
 
 import environ
@@ -193,6 +195,13 @@ of the requests admitted behind a queue, 10.7% waited past its 0.9 quantile at 1
 1.5x). Measured there, ours at 1.2x / 1.5x, SLO attainment (requests shed): 0.75 of the mean
 0.961 (14) / 0.789 (83); quantile 0.9 0.964 (14) / 0.802 (75); 0.75 0.977 (9) / 0.828 (56);
 0.6 0.987 (5) / 0.843 (45), every request served at 1.2x on time and 0.93 of those at 1.5x."""
+if "LLMQUEUE_SHED_AT_SLO_FRACTION" in os.environ:
+    # Removed with the quantile rule: say so rather than let a tuned deployment change silently.
+    warnings.warn(
+        "LLMQUEUE_SHED_AT_SLO_FRACTION is no longer read: shedding compares the "
+        "LLMQUEUE_SHED_WAIT_QUANTILE quantile of the wait with the tier's first-token target",
+        stacklevel=1,
+    )
 LLMQUEUE_SHARED_QUEUE = env.bool("LLMQUEUE_SHARED_QUEUE", default=False)
 """Publish every tier of a pool to one queue (`<pool>.all-tiers`) instead of one per tier: the
 arrival-order baseline for `--dispatch fifo`. Must be the same on API and workers; each tier's
