@@ -4,6 +4,7 @@ requests due first, the per-request deadline over HTTP, and a real worker taking
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -97,8 +98,10 @@ def test_a_place_near_either_end_is_exact_and_one_far_from_both_is_the_back(
 def test_admission_counts_only_the_requests_due_before_a_tighter_deadline(live: redis.Redis):
     # 10 requests with the tier's 30 s deadline, drained at 4/s: 2.5 s of work ahead.
     publish(*[30 + i * 0.01 for i in range(10)], base=datetime.fromtimestamp(T0, tz=UTC))
-    pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 4 * admission.drain_tau_seconds(), {}, now=T0)
+    tau, span_taus = admission.drain_tau_seconds(), 2.0
+    pipe = live.pipeline(transaction=False)  # counted for 2 tau, so the rate at T0 is 4/s
+    admission.record_drain(pipe, QUEUE, 0, {}, now=T0 - span_taus * tau)
+    admission.record_drain(pipe, QUEUE, 4 * tau * (1 - math.exp(-span_taus)), {}, now=T0)
     lua.execute(pipe)
     own = limits(max_wait_seconds=1.0, own_deadline=True)
     # Due 1 s from now: every queued request is due later, so none goes first.
