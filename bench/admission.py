@@ -47,7 +47,7 @@ import redis as redis_client
 from bench import harness
 from bench.http_client import encode_request
 from bench.latency import cpu_per_request, cpu_snapshot, summary_ms
-from llmqueue import liveness
+from contract import liveness
 
 HOST = "127.0.0.1"
 POOL = "default"

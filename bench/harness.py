@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from llmqueue.liveness import live_workers
+from contract.liveness import live_workers
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

@@ -32,7 +32,7 @@ from typing import Any
 import redis
 
 from bench import harness
-from llmqueue.liveness import worker_stats
+from contract.liveness import worker_stats
 from workers import options
 
 MODEL_NAME = "tiny-llama"

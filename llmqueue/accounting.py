@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import redis
 
-from llmqueue import admission, usage
+from llmqueue import usage
+from llmqueue.admission import books
 from llmqueue.lifecycle import Claim, Ended
 
 
@@ -24,7 +25,7 @@ def settle(pipe: redis.client.Pipeline, ended: list[Ended], now: float | None = 
     """Queue on `pipe` the refunds, usage counts and waiting-count drops of ended requests
     (`now`, epoch seconds, is for tests: Redis' clock by default)."""
     for e in ended:
-        admission.refund(pipe, e.tenant_id, unused_tokens(e), now)
+        books.refund(pipe, e.tenant_id, unused_tokens(e), now)
         usage.count(
             pipe,
             e.tenant_id,
@@ -36,7 +37,7 @@ def settle(pipe: redis.client.Pipeline, ended: list[Ended], now: float | None = 
             },
         )
         if e.was_waiting and e.queue:
-            pipe.decr(admission.waiting_key(e.queue, e.tenant_id))
+            pipe.decr(books.waiting_key(e.queue, e.tenant_id))
 
 
 def count_leads(pipe: redis.client.Pipeline, leads: list[tuple[str, float]]) -> None:
@@ -46,7 +47,7 @@ def count_leads(pipe: redis.client.Pipeline, leads: list[tuple[str, float]]) -> 
         if queue:
             by_queue.setdefault(queue, []).append(seconds)
     for queue, times in by_queue.items():
-        admission.record_leads(pipe, queue, sum(times), len(times))
+        books.record_leads(pipe, queue, sum(times), len(times))
 
 
 def count_claims(pipe: redis.client.Pipeline, claims: list[Claim]) -> None:
@@ -58,4 +59,4 @@ def count_claims(pipe: redis.client.Pipeline, claims: list[Claim]) -> None:
             tenants = by_queue.setdefault(c.queue, {})
             tenants[c.tenant_id] = tenants.get(c.tenant_id, 0) + 1
     for queue, tenants in by_queue.items():
-        admission.record_drain(pipe, queue, sum(tenants.values()), tenants)
+        books.record_drain(pipe, queue, sum(tenants.values()), tenants)

@@ -9,6 +9,7 @@ from django.http import HttpRequest
 
 from llmqueue.apikeys import hash_key
 from llmqueue.errors import Forbidden, Unauthenticated
+from llmqueue.invalidation import forget_on_config_change
 from llmqueue.models import ApiKey
 from llmqueue.ttl_cache import TtlCache
 
@@ -91,6 +92,7 @@ def caller_for_key(plaintext: str) -> Caller:
     return caller
 
 
+@forget_on_config_change
 def forget_cached_callers() -> None:
     """Drop this process's cached callers (tests; an admin save in this same process)."""
     _callers.clear()

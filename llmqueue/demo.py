@@ -26,7 +26,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 
-from llmqueue import liveness
+from contract import liveness
 from llmqueue.embedded_redis import (
     EmbeddedRedisError,
     local_port,

@@ -6,7 +6,7 @@ import math
 
 from django.http import JsonResponse
 
-from llmqueue.failures import ContextLengthExceeded, RequestRejected
+from contract.failures import ContextLengthExceeded, RequestRejected
 
 
 class ApiError(Exception):

@@ -10,18 +10,28 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
 from django.db.models.signals import post_delete, post_save
 
+from contract.keys import CONFIG_VERSION_KEY
 from llmqueue.redis_client import get_redis
 
+__all__ = ["CONFIG_VERSION_KEY", "bump_config_version", "connect_signals", "note_config_version"]
+
 log = logging.getLogger(__name__)
-CONFIG_VERSION_KEY = "llmqueue:config-version"
 
 _seen: str | None = None
 _lock = threading.Lock()
+_forgetters: list[Callable[[], None]] = []
+
+
+def forget_on_config_change(forget: Callable[[], None]) -> Callable[[], None]:
+    """Register a cache's `forget` (a decorator): it runs when an admission sees a new version."""
+    _forgetters.append(forget)
+    return forget
 
 
 def bump_config_version(**_: Any) -> None:
@@ -42,11 +52,8 @@ def note_config_version(version: str) -> bool:
         first, _seen = _seen is None, version
     if first:
         return False
-    from llmqueue.auth import forget_cached_callers
-    from llmqueue.routing import forget_cached_routes
-
-    forget_cached_callers()
-    forget_cached_routes()
+    for forget in _forgetters:
+        forget()
     return True
 
 

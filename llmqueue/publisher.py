@@ -1,24 +1,12 @@
 """Publishing a generate task: Celery's own task message, queued in one Redis round trip.
 
-`apply_async` spends ~0.8 ms of CPU per call here (producer pool, routing through the queue's
-direct exchange with an SMEMBERS round trip to read its bindings, a fresh Redis client per
-command, publish retries wrapped around it all) for what is, on the Redis transport, one LPUSH of
-a JSON envelope. That was 1.7 ms of the API's 6.6 ms per request under load (measured, traced).
-So the message is built by Celery (`amqp.as_task_v2`, the protocol-2 headers and body a worker
-expects) and wrapped the way kombu's Redis channel wraps it, then queued with a persistent client:
-by its deadline (llmqueue/deadline_order.py: usually one LPUSH inside a script), or with a plain
-LPUSH when LLMQUEUE_EDF_WITHIN_TIER is off.
-tests/test_broker.py checks the envelope against what `apply_async` puts on the list, so a
-Celery or kombu upgrade that changes the format fails a test instead of stranding messages.
-
-What this skips: the `before_task_publish`/`after_task_publish` signals and `task-sent` events
-(Flower's task view starts at `task-received`, which workers started with `--events` send).
+The message is built without `apply_async` (celery_ext/message.py says why and what that skips)
+and queued with a persistent client: by its deadline (llmqueue/deadline_order.py: usually one
+LPUSH inside a script), or with a plain LPUSH when LLMQUEUE_EDF_WITHIN_TIER is off.
 """
 
 from __future__ import annotations
 
-import base64
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -26,14 +14,11 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from kombu.utils.json import dumps
 
+from celery_ext import message
+from contract.task import GENERATE_IGNORE_RESULT
 from llmqueue.deadline_order import insert_by_deadline, stamp
 from project.celery import app
-
-# Lists for message priorities 0-2 (kombu's Redis "priority steps"): every llmqueue message has
-# priority 0, and ordering between tiers is done by separate queues, so this is the queue's name.
-_PRIORITY = 0
 
 
 @cache
@@ -49,33 +34,9 @@ def task_envelope(
     expires: datetime | None,
     argsrepr: str,
 ) -> str:
-    """The JSON string kombu's Redis channel would LPUSH for `apply_async(args, task_id=...,
-    queue=queue, expires=expires)` sent to the default exchange."""
-    message = app.amqp.as_task_v2(
-        task_id, task_name, args=args, kwargs={}, expires=expires,
-        argsrepr=argsrepr, kwargsrepr="{}",
-        # The header overrides the task's own setting on the worker, as apply_async sets it.
-        ignore_result=app.tasks[task_name].ignore_result,
-    )  # fmt: skip
-    stamp(message.headers, expires)
-    body = dumps(message.body).encode("utf-8")
-    return str(
-        dumps(
-            {
-                "body": base64.b64encode(body).decode("ascii"),
-                "content-encoding": "utf-8",
-                "content-type": "application/json",
-                "headers": message.headers,
-                "properties": {
-                    **message.properties,
-                    "delivery_mode": 2,
-                    "delivery_info": {"exchange": "", "routing_key": queue},
-                    "priority": _PRIORITY,
-                    "body_encoding": "base64",
-                    "delivery_tag": str(uuid.uuid4()),
-                },
-            }
-        )
+    """The message (celery_ext/message.py) of a generate task, stamped with its deadline."""
+    return message.task_envelope(
+        app, task_name, task_id, queue, args, expires, argsrepr, GENERATE_IGNORE_RESULT, stamp
     )
 
 

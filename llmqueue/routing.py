@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from llmqueue import liveness
+from contract import liveness
 from llmqueue.errors import NotFound
-from llmqueue.models import ServedModel, Tier
+from llmqueue.invalidation import forget_on_config_change
+from llmqueue.lanes import pool_queues
+from llmqueue.models import ServedModel
 from llmqueue.redis_client import get_redis
 from llmqueue.ttl_cache import TtlCache
 
@@ -19,26 +21,6 @@ class ModelRoute:
     pool: str
     context_length: int
     max_tokens: int
-
-
-# The one queue of a pool under LLMQUEUE_SHARED_QUEUE (a hyphen: no tier slug is likely to be it).
-SHARED_QUEUE_TIER = "all-tiers"
-
-
-def queue_name(pool: str, tier: str) -> str:
-    """One broker queue per (pool, tier): visible in Flower, ordered by the worker's policy.
-    Under LLMQUEUE_SHARED_QUEUE every tier of a pool shares one queue (arrival order: the fifo
-    baseline of the dispatch benchmarks)."""
-    if settings.LLMQUEUE_SHARED_QUEUE:
-        return f"{pool}.{SHARED_QUEUE_TIER}"
-    return f"{pool}.{tier}"
-
-
-def pool_queues(pool: str) -> list[str]:
-    """Every tier's queue of `pool`, most urgent tier first."""
-    if settings.LLMQUEUE_SHARED_QUEUE:
-        return [queue_name(pool, SHARED_QUEUE_TIER)]
-    return [queue_name(pool, name) for name in Tier.objects.values_list("name", flat=True)]
 
 
 def all_queues() -> list[str]:
@@ -74,5 +56,6 @@ def live_models() -> list[ServedModel]:
     return [m for m in models if m.pool in live]
 
 
+@forget_on_config_change
 def forget_cached_routes() -> None:
     _routes.clear()

@@ -9,18 +9,18 @@ import redis
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from contract.task import GENERATE_TASK, TaskPayload
 from llmqueue import lua
 from llmqueue.accounting import settle
 from llmqueue.auth import Caller
 from llmqueue.errors import Unavailable
+from llmqueue.lanes import queue_name
 from llmqueue.lifecycle import Ended
 from llmqueue.models import PromptRequest
-from llmqueue.payload import TaskPayload
 from llmqueue.publisher import TaskMessage, publish_tasks
 from llmqueue.redis_client import get_redis
-from llmqueue.routing import ModelRoute, queue_name
+from llmqueue.routing import ModelRoute
 from llmqueue.row_insert import insert_request
-from llmqueue.tasks import GENERATE_TASK
 from llmqueue.validation import PromptSpec, wait_seconds
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from llmqueue import validation
-from llmqueue.admission import admit_request
+from llmqueue.admission.request import admit_request
 from llmqueue.auth import Caller, authenticate
 from llmqueue.errors import (
     ApiError,

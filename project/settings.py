@@ -103,7 +103,7 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 # --- Celery (read by project/celery.py with namespace CELERY) --------------------------------
 CELERY_BROKER_URL = REDIS_URL
 # Celery's Redis backend without its read-before-write (llmqueue/result_backend.py).
-CELERY_RESULT_BACKEND = f"llmqueue.result_backend:LeanRedisBackend+{REDIS_URL}"
+CELERY_RESULT_BACKEND = f"celery_ext.result_backend:LeanRedisBackend+{REDIS_URL}"
 # Said outright: Celery otherwise looks the timezone up through every settings layer again for
 # every message it receives (~14% of the worker's per-message CPU, measured with py-spy).
 CELERY_TIMEZONE = "UTC"
@@ -136,8 +136,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Scan on every sweep: the interval above is then the only knob.
     "unacked_restore_throttle": 1,
     # The order of each BRPOP over a worker's tier queues: its dispatch policy and engine budget
-    # (workers/queue_order.py); kombu's round robin in processes that run no GPU worker.
-    "queue_order_strategy": "workers.queue_order:TierCycle",
+    # (workers/queue_order.py, through celery_ext/queue_cycle.py); kombu's round robin elsewhere.
+    "queue_order_strategy": "celery_ext.queue_cycle:TierCycle",
 }
 CELERY_RESULT_EXPIRES = env.int("LLMQUEUE_RESULT_TTL_SECONDS", default=24 * 3600)
 """Seconds a result stays in the Redis result backend; the DB row keeps the outcome after."""

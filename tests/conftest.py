@@ -19,7 +19,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from llmqueue import liveness
+from contract import liveness
 from llmqueue.auth import forget_cached_callers
 from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
 from llmqueue.models import PromptRequest

@@ -13,8 +13,11 @@ from statistics import NormalDist
 import pytest
 import redis
 
-from llmqueue import accounting, admission, liveness, lua, usage
-from llmqueue.admission import Decision, Limits
+from contract import liveness
+from llmqueue import accounting, lua, usage
+from llmqueue.admission import books, decision
+from llmqueue.admission.decision import Decision, Limits
+from llmqueue.admission.request import limits_for
 from llmqueue.auth import Caller
 from llmqueue.lifecycle import Ended
 from llmqueue.models import TenantUsage
@@ -41,7 +44,7 @@ def limits(**changes: float) -> Limits:
 
 
 def admit(lim: Limits, tokens: int, at: float) -> Decision:
-    return admission.admit(lim, tokens, now=T0 + at)
+    return decision.admit(lim, tokens, now=T0 + at)
 
 
 def reasons(decisions: list[Decision]) -> list[str]:
@@ -51,11 +54,11 @@ def reasons(decisions: list[Decision]) -> list[str]:
 def drain_at(live: redis.Redis, per_second: float, span_taus: float = 2.0) -> None:
     """Record claims so that the queue's drain rate at T0 is exactly `per_second`: counting
     started `span_taus` time constants ago, and what was claimed since then comes in at T0."""
-    tau = admission.drain_tau_seconds()
+    tau = books.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 0, {}, now=T0 - span_taus * tau)
+    books.record_drain(pipe, QUEUE, 0, {}, now=T0 - span_taus * tau)
     claimed = per_second * tau * (1 - math.exp(-span_taus))
-    admission.record_drain(pipe, QUEUE, claimed, {}, now=T0)
+    books.record_drain(pipe, QUEUE, claimed, {}, now=T0)
     lua.execute(pipe)
 
 
@@ -136,10 +139,10 @@ def test_a_wait_longer_than_the_deadline_is_refused_up_front(live):
 
 
 def test_a_rate_counted_for_less_than_a_half_life_is_not_biased_low(live):
-    tau = admission.drain_tau_seconds()
+    tau = books.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 1, {}, now=T0 - 2.0)  # counting starts
-    admission.record_drain(pipe, QUEUE, 8, {}, now=T0)  # 8 more in the 2 s since
+    books.record_drain(pipe, QUEUE, 1, {}, now=T0 - 2.0)  # counting starts
+    books.record_drain(pipe, QUEUE, 8, {}, now=T0)  # 8 more in the 2 s since
     lua.execute(pipe)
     live.lpush(QUEUE, "m1")
     observed = tau * (1 - math.exp(-2.0 / tau))  # the decayed seconds the count covers
@@ -148,24 +151,24 @@ def test_a_rate_counted_for_less_than_a_half_life_is_not_biased_low(live):
 
 
 def test_a_first_claims_rate_counts_over_at_least_the_minimum_span(live):
-    tau = admission.drain_tau_seconds()
+    tau = books.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 3, {}, now=T0 - 0.01)  # 3 claims, 10 ms ago
+    books.record_drain(pipe, QUEUE, 3, {}, now=T0 - 0.01)  # 3 claims, 10 ms ago
     lua.execute(pipe)
     live.lpush(QUEUE, "m1")
-    span = admission.MIN_DRAIN_SPAN_SECONDS
+    span = books.MIN_DRAIN_SPAN_SECONDS
     expected = 3 * math.exp(-0.01 / tau) / (tau * (1 - math.exp(-span / tau)))  # ~3/s
     assert admit(limits(), 1, 0.0).drain_rate_per_second == pytest.approx(expected, rel=1e-9)
 
 
 def test_after_an_idle_spell_the_rate_counts_afresh(live):
-    tau = admission.drain_tau_seconds()
+    tau = books.drain_tau_seconds()
     pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 100, {}, now=T0 - 5 * tau)  # long ago: forgotten
-    admission.record_drain(pipe, QUEUE, 2, {}, now=T0 - 2.0)
-    admission.record_drain(pipe, QUEUE, 4, {}, now=T0)
+    books.record_drain(pipe, QUEUE, 100, {}, now=T0 - 5 * tau)  # long ago: forgotten
+    books.record_drain(pipe, QUEUE, 2, {}, now=T0 - 2.0)
+    books.record_drain(pipe, QUEUE, 4, {}, now=T0)
     lua.execute(pipe)
-    assert float(live.hget(admission.drain_key(QUEUE), "since") or 0) == T0 - 2.0
+    assert float(live.hget(books.drain_key(QUEUE), "since") or 0) == T0 - 2.0
     live.lpush(QUEUE, "m1")
     expected = (2 * math.exp(-2.0 / tau) + 4) / (tau * (1 - math.exp(-2.0 / tau)))
     assert admit(limits(), 1, 0.0).drain_rate_per_second == pytest.approx(expected, rel=1e-9)
@@ -201,7 +204,7 @@ def test_the_quantile_judges_a_short_queue_more_strictly_than_a_long_one(live):
     short = admit(lim, 1, 0.0)
     assert short.reason == "too_slow"
     assert short.estimated_wait_seconds == pytest.approx(wait_quantile(3, 5.0, 0, 0, 0.9), abs=1e-7)
-    live.delete(admission.drain_key(QUEUE))
+    live.delete(books.drain_key(QUEUE))
     live.lpush(QUEUE, *[f"n{i}" for i in range(36)])
     drain_at(live, 50.0)
     assert wait_quantile(39, 50.0, 0, 0, 0.9) < 1.0 < wait_quantile(3, 5.0, 0, 0, 0.9)
@@ -218,25 +221,25 @@ def test_limits_take_the_wait_quantile_from_the_settings(settings):
         max_wait_seconds=30, first_token_target_seconds=2.0, default_max_tokens=16,
         max_queue_depth=10,
     )  # fmt: skip
-    lim = admission.limits_for(caller, ModelRoute("m", "default", 2048, 512))
+    lim = limits_for(caller, ModelRoute("m", "default", 2048, 512))
     assert (lim.first_token_target_seconds, lim.acceptable_wait_seconds) == (2.0, 2.0)
     assert lim.wait_quantile == 0.8
 
 
 def test_judged_against_the_target_the_wait_includes_the_engines_measured_lead(live):
     lim = limits(max_wait_seconds=30.0, first_token_target_seconds=1.0, wait_quantile=0.9)
-    tau = admission.drain_tau_seconds()
+    tau = books.drain_tau_seconds()
     drain_at(live, 10.0)
     pipe = live.pipeline(transaction=False)
-    admission.record_leads(pipe, QUEUE, 0.4, 2, now=T0 - 5)  # a batch of two, mean 0.2 s
-    admission.record_leads(pipe, QUEUE, 0.3, 1, now=T0 - 1)  # one of 0.3 s
-    admission.record_leads(pipe, QUEUE, 0.5, 1, now=T0)  # one of 0.5 s
+    books.record_leads(pipe, QUEUE, 0.4, 2, now=T0 - 5)  # a batch of two, mean 0.2 s
+    books.record_leads(pipe, QUEUE, 0.3, 1, now=T0 - 1)  # one of 0.3 s
+    books.record_leads(pipe, QUEUE, 0.5, 1, now=T0)  # one of 0.5 s
     lua.execute(pipe)
     assert admit(lim, 1, 0.0).admitted  # an empty queue is never too slow, whatever the lead
     d5, d1 = math.exp(-5 / tau), math.exp(-1 / tau)
     sums = {"lead_sum": 0.4 * d5 + 0.3 * d1 + 0.5, "lead_n": 2 * d5 + d1 + 1}
     sums |= {"lead_sq": 0.4**2 / 2 * d5 + 0.3**2 * d1 + 0.5**2, "lead_b": d5 + d1 + 1}
-    stored = live.hmget(admission.drain_key(QUEUE), *sums)
+    stored = live.hmget(books.drain_key(QUEUE), *sums)
     assert [float(x or 0) for x in stored] == [pytest.approx(v, rel=1e-9) for v in sums.values()]
     lead = sums["lead_sum"] / sums["lead_n"]  # ~0.35 s
     # The spread of the batches' means, each weighed by its size (b - 1: unbiased).
@@ -254,7 +257,7 @@ def test_a_tenant_fills_only_its_share_of_the_queue(live):
     lim = limits(max_queue_depth=10, max_tier_share=0.2, burst=100)
     assert reasons([admit(lim, 1, 0.0) for _ in range(3)]) == ["", "", "tenant_share"]
     pipe = live.pipeline(transaction=False)
-    admission.record_drain(pipe, QUEUE, 1, {1: 1}, now=T0)  # a worker claimed one of them
+    books.record_drain(pipe, QUEUE, 1, {1: 1}, now=T0)  # a worker claimed one of them
     lua.execute(pipe)
     assert admit(lim, 1, 0.0).admitted
 
@@ -266,7 +269,7 @@ def test_usage_counts_every_decision_and_outcome_then_lands_in_the_db(
     lim = limits(tenant_id=tenant_id, tier_id=tier_id, burst=2)
     now = time.time()
     for _ in range(3):
-        admission.admit(lim, 5, now=now)
+        decision.admit(lim, 5, now=now)
     pipe = live.pipeline(transaction=False)
     accounting.settle(
         pipe,
@@ -289,7 +292,7 @@ def _hammer(lim: Limits, seconds: float, results: multiprocessing.Queue[tuple[in
     admitted = refused = 0
     stop = time.monotonic() + seconds
     while time.monotonic() < stop:
-        if admission.admit(lim, 1).admitted:
+        if decision.admit(lim, 1).admitted:
             admitted += 1
         else:
             refused += 1

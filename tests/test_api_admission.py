@@ -12,7 +12,7 @@ import pytest
 import redis
 from django.db import connection
 
-from llmqueue import admission
+from llmqueue.admission import books
 from llmqueue.models import PromptRequest, Tenant, Tier
 from tests.conftest import (
     SIMULATED,
@@ -80,7 +80,7 @@ def test_no_live_worker_is_503_and_nothing_stored(
     assert refused.json()["error"]["code"] == "no_worker"
     assert refused.headers["Retry-After"] == "5"
     assert_nothing_enqueued(clean_redis)
-    assert not clean_redis.exists(admission.bucket_key("requests", seeded.tenant_id))
+    assert not clean_redis.exists(books.bucket_key("requests", seeded.tenant_id))
 
 
 def test_full_tier_queue_is_503_and_nothing_stored(
@@ -106,10 +106,10 @@ def test_a_wait_past_the_tiers_first_token_target_is_503_and_nothing_stored(
     Tier.objects.filter(name="interactive").update(first_token_target_seconds=0.5)
     assert [ask(live_server, seeded.key).status_code for _ in range(3)] == [202] * 3
     queue = "default.interactive"
-    tau = admission.drain_tau_seconds()
+    tau = books.drain_tau_seconds()
     pipe = clean_redis.pipeline(transaction=False)
-    admission.record_drain(pipe, queue, 0, {}, now=time.time() - 2 * tau)  # counting since 2 tau
-    admission.record_drain(pipe, queue, 4 * tau * (1 - math.exp(-2)), {})  # 4 per second
+    books.record_drain(pipe, queue, 0, {}, now=time.time() - 2 * tau)  # counting since 2 tau
+    books.record_drain(pipe, queue, 4 * tau * (1 - math.exp(-2)), {})  # 4 per second
     pipe.execute()
     # 3 due first at 4/s, its deadline 30 s: the 0.6 quantile (the default) of Gamma(4, 4/s) is
     # ~1.04 s.
@@ -197,7 +197,7 @@ def test_a_database_refusing_the_row_is_503_and_releases_the_reservation(
     assert refused.json()["error"]["message"].startswith("The database is unavailable")
     assert_nothing_enqueued(clean_redis)
     assert PromptRequest.objects.count() == 0
-    waiting = clean_redis.get(admission.waiting_key("default.interactive", seeded.tenant_id))
+    waiting = clean_redis.get(books.waiting_key("default.interactive", seeded.tenant_id))
     assert int(waiting or 0) == 0
     # Its 5 tokens came back: another request of the same size fits in the 6-token minute.
     assert ask(live_server, seeded.key, max_tokens=4).status_code == 202
@@ -222,7 +222,7 @@ def test_a_worker_reports_the_engines_lead_to_the_first_token(
     assert done.status_code == 200, done.text
     row = PromptRequest.objects.get()
     assert row.first_token_at is not None
-    drain = admission.drain_key("default.interactive")
+    drain = books.drain_key("default.interactive")
 
     def reported() -> bool:
         return clean_redis.hget(drain, "lead_n") is not None

@@ -13,12 +13,13 @@ import redis
 from celery import states
 from celery.result import AsyncResult
 
-from llmqueue.broker import Channel
+from celery_ext.broker import Channel
+from celery_ext.result_backend import LeanRedisBackend
+from contract.task import GENERATE_TASK
 from llmqueue.deadline_order import DEADLINE_HEADER
 from llmqueue.publisher import publish_task
-from llmqueue.result_backend import LeanRedisBackend
-from llmqueue.tasks import GENERATE_TASK, generate
 from project.celery import app
+from workers.tasks import generate
 
 QUEUE = "test.publisher"
 VOLATILE_PROPERTIES = {"delivery_tag", "reply_to", "argsrepr", "kwargsrepr", "expiration"}

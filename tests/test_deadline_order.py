@@ -12,14 +12,15 @@ import pytest
 import redis
 from django.test import override_settings
 
-from llmqueue import admission, lua
+from contract.task import GENERATE_TASK
+from llmqueue import lua
+from llmqueue.admission import books, decision
 from llmqueue.auth import caller_for_key
 from llmqueue.deadline_order import DEADLINE_HEADER, WALK_LIMIT
 from llmqueue.models import PromptRequest
 from llmqueue.publisher import TaskMessage, publish_tasks
 from llmqueue.routing import resolve_model
 from llmqueue.submission import submit_prompt
-from llmqueue.tasks import GENERATE_TASK
 from llmqueue.validation import PromptSpec
 from tests.conftest import (
     SIMULATED,
@@ -98,21 +99,21 @@ def test_a_place_near_either_end_is_exact_and_one_far_from_both_is_the_back(
 def test_admission_counts_only_the_requests_due_before_a_tighter_deadline(live: redis.Redis):
     # 10 requests with the tier's 30 s deadline, drained at 4/s: 2.5 s of work ahead.
     publish(*[30 + i * 0.01 for i in range(10)], base=datetime.fromtimestamp(T0, tz=UTC))
-    tau, span_taus = admission.drain_tau_seconds(), 2.0
+    tau, span_taus = books.drain_tau_seconds(), 2.0
     pipe = live.pipeline(transaction=False)  # counted for 2 tau, so the rate at T0 is 4/s
-    admission.record_drain(pipe, QUEUE, 0, {}, now=T0 - span_taus * tau)
-    admission.record_drain(pipe, QUEUE, 4 * tau * (1 - math.exp(-span_taus)), {}, now=T0)
+    books.record_drain(pipe, QUEUE, 0, {}, now=T0 - span_taus * tau)
+    books.record_drain(pipe, QUEUE, 4 * tau * (1 - math.exp(-span_taus)), {}, now=T0)
     lua.execute(pipe)
     own = limits(max_wait_seconds=1.0, own_deadline=True)
     # Due 1 s from now: every queued request is due later, so none goes first.
-    assert admission.admit(own, 1, now=T0).admitted
+    assert decision.admit(own, 1, now=T0).admitted
     with override_settings(LLMQUEUE_EDF_WITHIN_TIER=False):  # FIFO: all 10 ahead, 2.5 s > 1 s
-        decision = admission.admit(own, 1, now=T0)
-    assert (decision.reason, decision.ahead) == ("too_slow", 10)
+        fifo = decision.admit(own, 1, now=T0)
+    assert (fifo.reason, fifo.ahead) == ("too_slow", 10)
     # Due 30.05 s from now: the 5 due by then go first, 1.25 s at 4/s; a 2 s deadline with the
     # same 5 ahead would be refused, as the 2.5 s deadline of the FIFO view was.
-    assert admission.admit(limits(max_wait_seconds=30.045, own_deadline=True), 1, now=T0).admitted
-    tight = admission.admit(limits(max_wait_seconds=1.2, own_deadline=True), 1, now=T0 + 29)
+    assert decision.admit(limits(max_wait_seconds=30.045, own_deadline=True), 1, now=T0).admitted
+    tight = decision.admit(limits(max_wait_seconds=1.2, own_deadline=True), 1, now=T0 + 29)
     assert (tight.reason, tight.ahead) == ("too_slow", 10)
 
 

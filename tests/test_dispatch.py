@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from llmqueue.payload import TaskPayload
+from celery_ext.queue_cycle import TierCycle
+from contract.task import TaskPayload
 from workers import queue_order
 from workers.dispatch import (
     DispatchMode,
@@ -30,7 +31,7 @@ from workers.engine_budget import (
     tier_request_cap,
     tier_token_cap,
 )
-from workers.queue_order import Dispatcher, TierCycle
+from workers.queue_order import Dispatcher
 
 INTER, BATCH = "default.interactive", "default.batch"
 TIERS = {
@@ -314,11 +315,10 @@ def test_weight_changes_apply_to_the_next_fetch_without_a_restart():
 
 
 def test_dispatcher_counts_a_published_message_by_its_requests(transactional_db: None):
-    from llmqueue.publisher import task_envelope
-    from llmqueue.tasks import GENERATE_TASK
-
-    assert queue_order.GENERATE_TASK == GENERATE_TASK
     import json
+
+    from contract.task import GENERATE_TASK
+    from llmqueue.publisher import task_envelope
 
     args = [[payload("r1", "x" * 400, 100), payload("r2", "y" * 40, 10)]]
     message = json.loads(task_envelope(GENERATE_TASK, "r1", BATCH, args, None, "(r1, r2)"))
@@ -362,7 +362,7 @@ def test_workers_read_tier_settings_as_the_admin_saves_them(transactional_db: No
 
 def test_shared_queue_puts_every_tier_of_a_pool_on_one_queue(transactional_db: None, settings):
     from llmqueue.defaults import ensure_default_tiers
-    from llmqueue.routing import pool_queues, queue_name
+    from llmqueue.lanes import pool_queues, queue_name
 
     ensure_default_tiers()
     assert pool_queues("chat") == ["chat.interactive", "chat.batch"]

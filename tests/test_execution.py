@@ -10,12 +10,12 @@ from typing import Any, cast
 
 import pytest
 
+from contract.task import TaskPayload
 from llmqueue import lifecycle
-from llmqueue.execution import start_prompt
-from llmqueue.payload import TaskPayload
-from llmqueue.recorder import Recorded, Recorder
 from tests.conftest import wait_until
 from workers.engine_budget import NO_HOLD
+from workers.execution import start_prompt
+from workers.recorder import Recorded, Recorder
 from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
 
 
@@ -87,8 +87,8 @@ def test_a_request_past_its_deadline_is_only_claimed_never_generated(engine: Sim
 def test_a_request_started_at_delivery_runs_its_chain_before_any_task(engine: SimulatedEngine):
     from functools import partial
 
-    from llmqueue.execution import start_delivered
     from workers.engine_budget import EngineBudget, EngineLimits
+    from workers.execution import start_delivered
     from workers.prestart import PreStarts
 
     recorder = HeldClaims()

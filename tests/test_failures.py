@@ -5,12 +5,12 @@ from __future__ import annotations
 import uuid
 from concurrent.futures import Future
 
+from contract.failures import ContextLengthExceeded, GenerationError, RequestRejected
 from llmqueue import lifecycle
 from llmqueue.errors import BadRequest, GenerationFailed, PromptTooLarge, failure_error
-from llmqueue.execution import outcome_of
-from llmqueue.failures import ContextLengthExceeded, GenerationError, RequestRejected
-from llmqueue.recorder import result_of
 from workers.engine import EngineError, GenerationResult, PromptTooLong
+from workers.execution import outcome_of
+from workers.recorder import result_of
 
 RID = uuid.UUID(int=7)
 

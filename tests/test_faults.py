@@ -21,7 +21,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from llmqueue import liveness
+from contract import liveness
 from llmqueue.embedded_redis import redis_answers, server_argv, server_binary
 from llmqueue.models import PromptRequest
 from tests.conftest import (

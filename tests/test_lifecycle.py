@@ -191,7 +191,7 @@ def test_the_recorder_reconnects_when_the_server_dropped_its_connection():
     meets a dropped connection runs again on a new one, and nothing is lost."""
     from django.db import connection
 
-    from llmqueue.recorder import Books, Recorder
+    from workers.recorder import Books, Recorder
 
     if connection.vendor != "postgresql":
         pytest.skip("only a database server can drop a connection (SQLite is a file)")

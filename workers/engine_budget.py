@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from llmqueue.payload import TaskPayload
+from contract.task import TaskPayload
 
 
 @dataclass(frozen=True)

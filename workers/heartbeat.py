@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from llmqueue import liveness
+from contract import liveness
 
 log = logging.getLogger(__name__)
 

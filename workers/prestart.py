@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from llmqueue.payload import TaskPayload
+from contract.task import TaskPayload
 from workers.engine import Engine, GenerationRequest, GenerationResult, generation_request
 from workers.engine_budget import Hold
 

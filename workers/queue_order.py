@@ -1,15 +1,12 @@
 """The worker's dispatcher: the dispatch policy and the engine budget, plugged into kombu's BRPOP.
 
-kombu's Redis channel asks a "cycle" (broker_transport_options["queue_order_strategy"], a dotted
-path: project/settings.py names `TierCycle`) for the queue order of each BRPOP and tells it which
-queue delivered (one broker queue per pool and tier). So Celery stays in charge of fetching,
-acking and redelivery (Flower sees the same queues and workers); only the order changes, and a
-tier over its engine budget is left out of the BRPOP until a request of it is done. The
-channel's BRPOP timeout (`TierCycle.poll_timeout`) is short while a tier is left out, so it is
-asked again soon after it may be; and when every tier is left out, the release that frees one
-wakes the loop.
-llmqueue/broker.py also calls `Dispatcher.delivered` for every message before Celery sees it: the
-budget counts a request from delivery, before the next BRPOP is chosen.
+It is the QueueOrder of celery_ext/queue_cycle.py (kombu asks it the queue order of each BRPOP
+and tells it which queue delivered; one broker queue per pool and tier): a tier over its engine
+budget is left out of the BRPOP until a request of it is done. The BRPOP timeout
+(`poll_timeout`) is short while a tier is left out, so it is asked again soon after it may be;
+and when every tier is left out, the release that frees one wakes the loop.
+celery_ext/broker.py also calls `Dispatcher.delivered` for every message before Celery sees it:
+the budget counts a request from delivery, before the next BRPOP is chosen.
 """
 
 from __future__ import annotations
@@ -21,6 +18,10 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from celery_ext.broker import on_delivery
+from celery_ext.queue_cycle import use_queue_order
+from contract.queues import Lane
+from contract.task import GENERATE_TASK
 from workers.dispatch import UNKNOWN_TIER, DispatchMode, TierPolicy, queue_order
 from workers.engine import GenerationRequest
 from workers.engine_budget import (
@@ -35,7 +36,6 @@ from workers.prestart import PreStarts
 
 log = logging.getLogger(__name__)
 
-GENERATE_TASK = "llmqueue.generate"  # llmqueue.tasks.GENERATE_TASK, without importing Django here
 # BRPOP timeout while a tier is left out for its budget: how late it may be asked again once a
 # request of it finished (an idle Redis round trip per poll, only while the worker is that busy).
 HELD_BACK_POLL_SECONDS = 0.05
@@ -43,11 +43,6 @@ HELD_BACK_POLL_SECONDS = 0.05
 
 def _noop() -> None:
     pass
-
-
-def queue_tier(queue: str) -> str:
-    """The tier of a (pool, tier) queue (llmqueue.routing.queue_name's inverse)."""
-    return queue.split(".", 1)[1] if "." in queue else queue
 
 
 class Dispatcher:
@@ -89,7 +84,7 @@ class Dispatcher:
         self._tiers = by_name
 
     def tier(self, queue: str) -> TierPolicy:
-        return self._tiers.get(queue_tier(queue), UNKNOWN_TIER)
+        return self._tiers.get(Lane.of_queue(queue).tier, UNKNOWN_TIER)
 
     def allowed(self, queues: Sequence[str]) -> list[str]:
         """The queues whose tier is under its engine budget."""
@@ -128,6 +123,11 @@ class Dispatcher:
 
     def held_back(self, queues: Sequence[str]) -> bool:
         return len(self.allowed(queues)) < len(queues)
+
+    def poll_timeout(self, queues: Sequence[str], default: float) -> float:
+        """The next BRPOP's timeout: short while a queue is left out for its tier's budget, since
+        a BRPOP in flight cannot take that queue back in."""
+        return min(default, HELD_BACK_POLL_SECONDS) if self.held_back(queues) else default
 
     def order(self, queues: Sequence[str]) -> list[str]:
         if self._hub is None:
@@ -181,9 +181,8 @@ def install(dispatcher: Dispatcher | None) -> None:
     """Make `dispatcher` this process's (workers.serve, before the Celery worker starts)."""
     global _dispatcher
     _dispatcher = dispatcher
-    from llmqueue import broker
-
-    broker.on_delivery(None if dispatcher is None else _on_delivery)
+    use_queue_order(dispatcher)
+    on_delivery(None if dispatcher is None else _on_delivery)
 
 
 def current() -> Dispatcher | None:
@@ -223,36 +222,3 @@ def take_holds(request_ids: Sequence[str]) -> list[Hold]:
     if dispatcher is None:
         return [NO_HOLD] * len(request_ids)
     return dispatcher.budget.take(request_ids)
-
-
-class TierCycle:
-    """kombu's queue-order strategy for this worker: delegates to the process's Dispatcher, and
-    behaves as kombu's round robin where there is none (the API, Flower, other Celery commands)."""
-
-    def __init__(self, it: Iterable[str] | None = None) -> None:
-        self.items: list[str] = list(it) if it is not None else []
-
-    def update(self, it: Iterable[str]) -> None:
-        self.items[:] = it
-
-    def consume(self, n: int) -> list[str]:
-        dispatcher = _dispatcher
-        if dispatcher is None:
-            return self.items[:n]
-        return dispatcher.order(self.items[:n])
-
-    def rotate(self, last_used: str) -> str:
-        dispatcher = _dispatcher
-        if dispatcher is None:
-            if last_used in self.items:
-                self.items.append(self.items.pop(self.items.index(last_used)))
-        else:
-            dispatcher.served(last_used)
-        return last_used
-
-    def poll_timeout(self, default: float) -> float:
-        """The next BRPOP's timeout: short while a queue is left out for its tier's budget."""
-        dispatcher = _dispatcher
-        if dispatcher is not None and dispatcher.held_back(self.items):
-            return min(default, HELD_BACK_POLL_SECONDS)
-        return default

@@ -108,12 +108,12 @@ def _start_dispatcher(
     from celery.signals import worker_ready, worker_shutdown
     from django.conf import settings
 
-    from llmqueue.execution import start_delivered
-    from llmqueue.recorder import get_recorder
     from workers import queue_order
     from workers.engine_budget import EngineLimits, default_token_budget
+    from workers.execution import start_delivered
     from workers.periodic import Periodic
     from workers.prestart import PreStarts
+    from workers.recorder import get_recorder
     from workers.tier_settings import load_tier_policies
 
     budget = token_budget or default_token_budget(
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from llmqueue.routing import pool_queues
+    import workers.tasks  # noqa: F401  (registers the generate task with the app)
+    from llmqueue.lanes import pool_queues
     from project.celery import app
 
     node = args.node_name or f"{slot_opts.pool}@{socket.gethostname()}"

@@ -1,4 +1,4 @@
-"""Celery tasks: thin wrappers that hand the work to llmqueue.execution."""
+"""The worker's Celery task: a thin wrapper that hands the work to workers/execution.py."""
 
 from __future__ import annotations
 
@@ -8,17 +8,15 @@ from typing import Any
 from celery import shared_task
 from celery.signals import task_revoked
 
-from llmqueue.execution import run_prompts
-from llmqueue.payload import TaskPayload
-from llmqueue.recorder import get_recorder
+from contract.task import GENERATE_IGNORE_RESULT, GENERATE_TASK, TaskPayload
+from workers.execution import run_prompts
 from workers.queue_order import drop_prestarts, take_holds
+from workers.recorder import get_recorder
 
-GENERATE_TASK = "llmqueue.generate"
 
-
-# ignore_result: the worker's recorder publishes every request's outcome under the request's own
-# id, right after its DB row; a message carries one request (an API call) or a bulk job's chunk.
-@shared_task(bind=True, name=GENERATE_TASK, acks_late=True, ignore_result=True)
+# A message carries one request (an API call) or a bulk job's chunk; the recorder publishes each
+# request's outcome under the request's own id (contract.task.GENERATE_IGNORE_RESULT).
+@shared_task(bind=True, name=GENERATE_TASK, acks_late=True, ignore_result=GENERATE_IGNORE_RESULT)
 def generate(self: Any, payloads: list[TaskPayload]) -> None:
     run_prompts(payloads, worker=self.request.hostname or "")
 

@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 
 from celery.exceptions import Ignore
 
+from contract.failures import ContextLengthExceeded, GenerationError, RequestRejected
+from contract.task import TaskPayload
 from llmqueue import lifecycle
-from llmqueue.failures import ContextLengthExceeded, GenerationError, RequestRejected
-from llmqueue.payload import TaskPayload
-from llmqueue.recorder import Recorded, Recorder, get_recorder
 from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong
 from workers.engine_budget import NO_HOLD, Hold
 from workers.prestart import start_generation, start_unless_overdue
 from workers.queue_order import take_holds, take_prestart
+from workers.recorder import Recorded, Recorder, get_recorder
 from workers.runtime import current_engine
 
 log = logging.getLogger(__name__)

@@ -9,13 +9,10 @@ from typing import Any
 
 import redis
 
+from contract.keys import worker_stats_key as stats_key
+from contract.keys import workers_key as pool_key
 
-def pool_key(pool: str) -> str:
-    return f"llmqueue:workers:{pool}"
-
-
-def stats_key(pool: str) -> str:
-    return f"llmqueue:worker-stats:{pool}"
+__all__ = ["beat", "leave", "live_pools", "live_workers", "pool_key", "stats_key", "worker_stats"]
 
 
 def beat(

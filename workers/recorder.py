@@ -32,8 +32,8 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
+from contract.failures import FAILURES, GenerationError
 from llmqueue import accounting, lifecycle, lua, usage
-from llmqueue.failures import FAILURES, GenerationError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,9 @@
+"""What the API and the GPU workers share, importing neither: task, queues, Redis keys, failures.
+
+The two programs (the Django API, `workers.serve`) agree on these and on nothing else:
+`contract.task` (the generate task's name and payload), `contract.queues` (a (pool, tier) lane and
+its broker queue name), `contract.keys` (the Redis keys both read or write), `contract.liveness`
+(workers' beats) and `contract.failures` (why a request failed, as stored and as answered).
+Standard library and redis-py only: no Django, Celery or kombu (the import-linter contracts in
+pyproject.toml hold it to that).
+"""
