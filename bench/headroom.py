@@ -332,7 +332,7 @@ class QueueRunner:
         """Note time.time() just before each LPUSH submit_prompts sends (its only publish). Not
         after it returns: on 2 busy cores this process may be descheduled right after the LPUSH,
         and the worker may have the request in a step before the clock is read."""
-        from llmqueue import publisher, submission
+        from llmqueue.queueing import publisher, submission
 
         def timed(task_name: str, messages: list[publisher.TaskMessage]) -> None:
             self.last_publish = time.time()
@@ -346,10 +346,10 @@ class QueueRunner:
     def submit(self, key: str, texts: list[str], lengths: list[int]) -> list[str]:
         """Store and publish the prompts, one request per task message (a bulk job's chunks of
         c prompts could let batch hold c - 1 sequences past its cap: caps are checked per fetch)."""
-        from llmqueue.auth import caller_for_key
-        from llmqueue.routing import resolve_model
-        from llmqueue.submission import submit_prompts
-        from llmqueue.validation import PromptSpec
+        from llmqueue.api.auth import caller_for_key
+        from llmqueue.api.validation import PromptSpec
+        from llmqueue.queueing.routing import resolve_model
+        from llmqueue.queueing.submission import submit_prompts
 
         caller, route = caller_for_key(key), resolve_model(MODEL_NAME)
         specs = [

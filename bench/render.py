@@ -196,8 +196,8 @@ The run checks itself: every answer had its stream's status, every rejection a `
 rows = broker messages = 202s (+ warm-up).""",
     "deadlines": """\
 When does ordering a tier's queue by deadline (earliest deadline first,
-`llmqueue/deadline_order.py`) beat FIFO? One tier (max wait 30 s); *urgent* requests ask for
-`"deadline_seconds": --urgent-deadline`, *relaxed* ones keep the tier's 30 s. The real stack
+`llmqueue/queueing/deadline_order.py`) beat FIFO? One tier (max wait 30 s); *urgent* requests
+ask for `"deadline_seconds": --urgent-deadline`, *relaxed* ones keep the tier's 30 s. The real stack
 (granian API, background calls, admission, Redis, one `workers.serve`) with the simulated engine
 at real speed (8B on an H100 step-time model, `--max-num-seqs` sequences; ~100 prompt + 48 output
 tokens per request), Poisson arrivals for `--seconds` s at a multiple of the capacity measured

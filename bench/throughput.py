@@ -215,10 +215,10 @@ class ResultCollector:
 def submit_all(key: str, texts: list[str], max_tokens: int, chunk_size: int = 1) -> list[str]:
     """Submit the prompts as one bulk job: `submit_prompts` stores the rows in one transaction
     and publishes the task messages (`chunk_size` prompts each) in one broker round trip."""
-    from llmqueue.auth import caller_for_key
-    from llmqueue.routing import resolve_model
-    from llmqueue.submission import submit_prompts
-    from llmqueue.validation import PromptSpec
+    from llmqueue.api.auth import caller_for_key
+    from llmqueue.api.validation import PromptSpec
+    from llmqueue.queueing.routing import resolve_model
+    from llmqueue.queueing.submission import submit_prompts
 
     caller, route = caller_for_key(key), resolve_model(MODEL_NAME)
     params = {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0, "stop": []}

@@ -5,7 +5,8 @@ direct exchange with an SMEMBERS round trip to read its bindings, a fresh Redis 
 command, publish retries wrapped around it all) for what is, on the Redis transport, one LPUSH of
 a JSON envelope. That was 1.7 ms of the API's 6.6 ms per request under load (measured, traced).
 So the message is built by Celery (`amqp.as_task_v2`, the protocol-2 headers and body a worker
-expects) and wrapped the way kombu's Redis channel wraps it; llmqueue/publisher.py queues it.
+expects) and wrapped the way kombu's Redis channel wraps it; llmqueue/queueing/publisher.py
+queues it.
 tests/test_broker.py checks the envelope against what `apply_async` puts on the list, so a
 Celery or kombu upgrade that changes the format fails a test instead of stranding messages.
 

@@ -1,7 +1,7 @@
 """Why a request failed, as the worker records and publishes it and the API answers it.
 
 The result backend carries an exception's type name and message; the API maps the name back to
-an HTTP status (llmqueue/views.py), so the caller learns whether to fix the request or retry.
+an HTTP status (llmqueue/api/views.py), so the caller learns whether to fix the request or retry.
 """
 
 from __future__ import annotations

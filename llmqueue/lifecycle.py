@@ -66,7 +66,7 @@ class Finish:
     completion_tokens: int | None = None
     finish_reason: str = ""
     error: str = ""
-    error_code: str = ""  # a llmqueue.failures code: why it failed, for the caller's status
+    error_code: str = ""  # a contract.failures code: why it failed, for the caller's status
     first_token_at: datetime | None = None  # when the engine produced the first token
     # Seconds from the engine getting the request to its first token: what admission adds to
     # the queue's wait when it judges a request against its tier's first-token target.

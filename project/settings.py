@@ -41,7 +41,7 @@ MIDDLEWARE = [
 # time spent in the app as a Server-Timing header, security headers, and CommonMiddleware's
 # Content-Length so keep-alive clients need no chunking.
 API_MIDDLEWARE = [
-    "llmqueue.server_timing.ServerTimingMiddleware",
+    "llmqueue.api.server_timing.ServerTimingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.common.CommonMiddleware",
 ]
@@ -102,7 +102,7 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 # --- Celery (read by project/celery.py with namespace CELERY) --------------------------------
 CELERY_BROKER_URL = REDIS_URL
-# Celery's Redis backend without its read-before-write (llmqueue/result_backend.py).
+# Celery's Redis backend without its read-before-write (celery_ext/result_backend.py).
 CELERY_RESULT_BACKEND = f"celery_ext.result_backend:LeanRedisBackend+{REDIS_URL}"
 # Said outright: Celery otherwise looks the timezone up through every settings layer again for
 # every message it receives (~14% of the worker's per-message CPU, measured with py-spy).
@@ -175,8 +175,9 @@ LLMQUEUE_TYPICAL_REQUEST_TOKENS = env.int("LLMQUEUE_TYPICAL_REQUEST_TOKENS", def
 max_num_seqs × this (`--token-budget` overrides it)."""
 LLMQUEUE_EDF_WITHIN_TIER = env.bool("LLMQUEUE_EDF_WITHIN_TIER", default=True)
 """Queue a request with a tighter deadline than its tier's ahead of the requests due later
-(earliest deadline first within a tier's queue; llmqueue/deadline_order.py), and judge its wait
-by the requests due before it. false: plain FIFO within a tier (the comparison baseline)."""
+(earliest deadline first within a tier's queue; llmqueue/queueing/deadline_order.py), and judge
+its wait by the requests due before it. false: plain FIFO within a tier (the comparison
+baseline)."""
 LLMQUEUE_SHED_AT_SLO = env.bool("LLMQUEUE_SHED_AT_SLO", default=True)
 """Refuse a request up front (503 `slo_unreachable`) when its estimated wait for an engine
 (requests due before it ÷ the queue's drain rate) exceeds its tier's first-token target, not

@@ -5,5 +5,5 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("v1/", include("llmqueue.urls")),
+    path("v1/", include("llmqueue.api.urls")),
 ]

@@ -20,10 +20,10 @@ from django.conf import settings
 from django.db import connection
 
 from contract import liveness
-from llmqueue.auth import forget_cached_callers
+from llmqueue.api.auth import forget_cached_callers
 from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
 from llmqueue.models import PromptRequest
-from llmqueue.routing import forget_cached_routes
+from llmqueue.queueing.routing import forget_cached_routes
 from workers.tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def long_auth_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cached callers outlive the test: only the admin's invalidation can make them go."""
-    monkeypatch.setattr("llmqueue.auth._callers", TtlCache(3600.0))
+    monkeypatch.setattr("llmqueue.api.auth._callers", TtlCache(3600.0))
 
 
 def test_usage_view_shows_admitted_and_rejected_requests_of_the_tenant(

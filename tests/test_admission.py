@@ -18,10 +18,10 @@ from llmqueue import accounting, lua, usage
 from llmqueue.admission import books, decision
 from llmqueue.admission.decision import Decision, Limits
 from llmqueue.admission.request import limits_for
-from llmqueue.auth import Caller
+from llmqueue.api.auth import Caller
 from llmqueue.lifecycle import Ended
 from llmqueue.models import TenantUsage
-from llmqueue.routing import ModelRoute
+from llmqueue.queueing.routing import ModelRoute
 from tests.conftest import T0, Seeded
 
 QUEUE = "default.interactive"

@@ -243,8 +243,8 @@ def test_bad_key_is_401(live_server, seeded: Seeded, clean_redis, key, code):
 
 
 def test_revoked_key_is_401_and_inactive_tenant_403(live_server, seeded: Seeded, clean_redis):
+    from llmqueue.api.auth import forget_cached_callers
     from llmqueue.apikeys import revoke_api_key
-    from llmqueue.auth import forget_cached_callers
     from llmqueue.models import ApiKey
 
     Tenant.objects.filter(pk=seeded.tenant_id).update(is_active=False)

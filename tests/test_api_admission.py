@@ -169,7 +169,7 @@ def test_a_broker_lost_at_publish_fails_the_row_and_settles_its_books(
     def refuse(*_: Any, **__: Any) -> None:
         raise redis.ConnectionError("broker went away")
 
-    monkeypatch.setattr("llmqueue.submission.publish_tasks", refuse)
+    monkeypatch.setattr("llmqueue.queueing.submission.publish_tasks", refuse)
     refused = ask(live_server, seeded.key, max_tokens=4)
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "unavailable"

@@ -16,8 +16,8 @@ from celery.result import AsyncResult
 from celery_ext.broker import Channel
 from celery_ext.result_backend import LeanRedisBackend
 from contract.task import GENERATE_TASK
-from llmqueue.deadline_order import DEADLINE_HEADER
-from llmqueue.publisher import publish_task
+from llmqueue.queueing.deadline_order import DEADLINE_HEADER
+from llmqueue.queueing.publisher import publish_task
 from project.celery import app
 from workers.tasks import generate
 

@@ -15,13 +15,13 @@ from django.test import override_settings
 from contract.task import GENERATE_TASK
 from llmqueue import lua
 from llmqueue.admission import books, decision
-from llmqueue.auth import caller_for_key
-from llmqueue.deadline_order import DEADLINE_HEADER, WALK_LIMIT
+from llmqueue.api.auth import caller_for_key
+from llmqueue.api.validation import PromptSpec
 from llmqueue.models import PromptRequest
-from llmqueue.publisher import TaskMessage, publish_tasks
-from llmqueue.routing import resolve_model
-from llmqueue.submission import submit_prompt
-from llmqueue.validation import PromptSpec
+from llmqueue.queueing.deadline_order import DEADLINE_HEADER, WALK_LIMIT
+from llmqueue.queueing.publisher import TaskMessage, publish_tasks
+from llmqueue.queueing.routing import resolve_model
+from llmqueue.queueing.submission import submit_prompt
 from tests.conftest import (
     SIMULATED,
     T0,

@@ -318,7 +318,7 @@ def test_dispatcher_counts_a_published_message_by_its_requests(transactional_db:
     import json
 
     from contract.task import GENERATE_TASK
-    from llmqueue.publisher import task_envelope
+    from llmqueue.queueing.publisher import task_envelope
 
     args = [[payload("r1", "x" * 400, 100), payload("r2", "y" * 40, 10)]]
     message = json.loads(task_envelope(GENERATE_TASK, "r1", BATCH, args, None, "(r1, r2)"))
@@ -362,7 +362,7 @@ def test_workers_read_tier_settings_as_the_admin_saves_them(transactional_db: No
 
 def test_shared_queue_puts_every_tier_of_a_pool_on_one_queue(transactional_db: None, settings):
     from llmqueue.defaults import ensure_default_tiers
-    from llmqueue.lanes import pool_queues, queue_name
+    from llmqueue.queueing.lanes import pool_queues, queue_name
 
     ensure_default_tiers()
     assert pool_queues("chat") == ["chat.interactive", "chat.batch"]

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 
 from contract.failures import ContextLengthExceeded, GenerationError, RequestRejected
 from llmqueue import lifecycle
-from llmqueue.errors import BadRequest, GenerationFailed, PromptTooLarge, failure_error
+from llmqueue.api.errors import BadRequest, GenerationFailed, PromptTooLarge, failure_error
 from workers.engine import EngineError, GenerationResult, PromptTooLong
 from workers.execution import outcome_of
 from workers.recorder import result_of
@@ -63,7 +63,7 @@ def test_api_answers_the_requests_fault_with_4xx_and_the_engines_with_500():
 def test_a_published_failure_reaches_the_waiting_api_with_its_kind(clean_redis):
     from celery import states
 
-    from llmqueue.results import Outcome, wait_for_outcome
+    from llmqueue.api.results import Outcome, wait_for_outcome
     from project.celery import app
 
     app.backend.store_many([("f-1", ContextLengthExceeded("2049 > 2048 tokens"), states.FAILURE)])

@@ -8,10 +8,10 @@ import sys
 import httpx
 import pytest
 
-from llmqueue.auth import caller_for_key
-from llmqueue.routing import all_queues, resolve_model
-from llmqueue.submission import submit_prompts
-from llmqueue.validation import PromptSpec
+from llmqueue.api.auth import caller_for_key
+from llmqueue.api.validation import PromptSpec
+from llmqueue.queueing.routing import all_queues, resolve_model
+from llmqueue.queueing.submission import submit_prompts
 from tests.conftest import REPO, Seeded, free_port, subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 import redis
 
-from llmqueue.auth import caller_for_key
+from llmqueue.api.auth import caller_for_key
+from llmqueue.api.validation import PromptSpec
 from llmqueue.models import PromptRequest
-from llmqueue.routing import resolve_model
-from llmqueue.submission import submit_prompt
-from llmqueue.validation import PromptSpec
+from llmqueue.queueing.routing import resolve_model
+from llmqueue.queueing.submission import submit_prompt
 from tests.conftest import SIMULATED, Seeded, WorkerFactory, settle, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

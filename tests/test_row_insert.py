@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers
 from llmqueue.models import PromptRequest
-from llmqueue.row_insert import insert_request
+from llmqueue.queueing.row_insert import insert_request
 
 pytestmark = pytest.mark.django_db
 

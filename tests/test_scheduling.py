@@ -12,11 +12,11 @@ from celery import states
 from django.utils import timezone
 
 from llmqueue import usage
-from llmqueue.auth import caller_for_key
+from llmqueue.api.auth import caller_for_key
+from llmqueue.api.validation import PromptSpec
 from llmqueue.models import PromptRequest, TenantUsage
-from llmqueue.routing import resolve_model
-from llmqueue.submission import submit_prompt
-from llmqueue.validation import PromptSpec
+from llmqueue.queueing.routing import resolve_model
+from llmqueue.queueing.submission import submit_prompt
 from project.celery import app
 from tests.conftest import SIMULATED, Seeded, WorkerFactory, queued_messages, wait_until
 
@@ -101,7 +101,7 @@ def test_a_batch_backlog_never_holds_more_than_its_share_and_interactive_gets_in
     assert (first.first_token_at - first.enqueued_at).total_seconds() < 0.1
     for row in PromptRequest.objects.all():
         assert row.first_token_at is not None
-        # The engine may start before the claim is written (llmqueue/execution.py): enqueued first.
+        # The engine may start before the claim is written (workers/execution.py): enqueued first.
         assert row.enqueued_at < row.first_token_at <= row.finished_at
 
 

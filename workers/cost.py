@@ -2,7 +2,7 @@
 
 Benchmarks turn these into per-request figures (bench/throughput.py), so a regression in the
 queue's own cost shows as a number. The heartbeat publishes a snapshot with every beat
-(llmqueue.liveness.worker_stats); counting a statement is one Python call, nothing is timed.
+(contract.liveness.worker_stats); counting a statement is one Python call, nothing is timed.
 """
 
 from __future__ import annotations

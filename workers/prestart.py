@@ -4,7 +4,7 @@ On a saturated engine the hop from a delivered message to its task (Celery's str
 slot's thread, the tracer) is often what makes a first token come a step later, and on an idle
 one it is a third of the time a request spends in the worker. So the worker's delivery hook
 starts each request's whole chain at once (claim, engine, record and publish:
-llmqueue/execution.py's `start_prompt`); the Celery task then only takes the chain over and
+workers/execution.py's `start_prompt`); the Celery task then only takes the chain over and
 waits for its end, so the message is acked once the outcome is recorded (acks_late). A message
 Celery drops instead (revoked, expired) leaves its chains to end by themselves: the claim
 decides, as for every delivery, and an overdue request is only claimed, which expires it.

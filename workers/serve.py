@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     django.setup()
     import workers.tasks  # noqa: F401  (registers the generate task with the app)
-    from llmqueue.lanes import pool_queues
+    from llmqueue.queueing.lanes import pool_queues
     from project.celery import app
 
     node = args.node_name or f"{slot_opts.pool}@{socket.gethostname()}"

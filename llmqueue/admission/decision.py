@@ -26,7 +26,7 @@ from contract import liveness
 from contract.keys import CONFIG_VERSION_KEY, bucket_key, drain_key, waiting_key
 from llmqueue import usage
 from llmqueue.admission.books import LUA_NOW, MIN_DRAIN_SPAN_SECONDS, drain_tau_seconds, now_arg
-from llmqueue.deadline_order import LUA_DEADLINES, WALK_LIMIT
+from llmqueue.queueing.deadline_order import LUA_DEADLINES, WALK_LIMIT
 from llmqueue.redis_client import get_redis
 
 # Rejection reasons, as the script returns them and usage counts them.

@@ -16,12 +16,12 @@ from llmqueue.admission.decision import (
     Limits,
     admit,
 )
-from llmqueue.auth import Caller
-from llmqueue.errors import ApiError, InvalidParameter, Overloaded, RateLimited, Unavailable
+from llmqueue.api.auth import Caller
+from llmqueue.api.errors import ApiError, InvalidParameter, Overloaded, RateLimited, Unavailable
+from llmqueue.api.validation import PromptSpec, wait_seconds
 from llmqueue.invalidation import note_config_version
-from llmqueue.lanes import queue_name
-from llmqueue.routing import ModelRoute
-from llmqueue.validation import PromptSpec, wait_seconds
+from llmqueue.queueing.lanes import queue_name
+from llmqueue.queueing.routing import ModelRoute
 
 
 def limits_for(caller: Caller, route: ModelRoute, spec: PromptSpec | None = None) -> Limits:

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from kombu import Queue
 
-from llmqueue.routing import all_queues
+from llmqueue.queueing.routing import all_queues
 
 
 class Command(BaseCommand):

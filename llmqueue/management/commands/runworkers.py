@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from llmqueue.lanes import pool_queues
+from llmqueue.queueing.lanes import pool_queues
 from workers.options import add_engine_arguments, add_slot_arguments, engine_options, slot_options
 from workers.pool import run_pool, worker_processes
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.http import HttpRequest
 
+from llmqueue.api.errors import Forbidden, Unauthenticated
 from llmqueue.apikeys import hash_key
-from llmqueue.errors import Forbidden, Unauthenticated
 from llmqueue.invalidation import forget_on_config_change
 from llmqueue.models import ApiKey
 from llmqueue.ttl_cache import TtlCache

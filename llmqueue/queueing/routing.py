@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from contract import liveness
-from llmqueue.errors import NotFound
+from llmqueue.api.errors import NotFound
 from llmqueue.invalidation import forget_on_config_change
-from llmqueue.lanes import pool_queues
 from llmqueue.models import ServedModel
+from llmqueue.queueing.lanes import pool_queues
 from llmqueue.redis_client import get_redis
 from llmqueue.ttl_cache import TtlCache
 

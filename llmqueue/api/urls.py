@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from llmqueue import views
+from llmqueue.api import views
 
 urlpatterns = [
     path("completions", views.completions, name="completions"),

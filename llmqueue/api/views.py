@@ -13,10 +13,10 @@ from celery import states
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from llmqueue import validation
 from llmqueue.admission.request import admit_request
-from llmqueue.auth import Caller, authenticate
-from llmqueue.errors import (
+from llmqueue.api import validation
+from llmqueue.api.auth import Caller, authenticate
+from llmqueue.api.errors import (
     ApiError,
     GenerationFailed,
     MethodNotAllowed,
@@ -27,12 +27,12 @@ from llmqueue.errors import (
     error_response,
     failure_error,
 )
+from llmqueue.api.responses import completion_body, models_body, request_body
+from llmqueue.api.results import Outcome, wait_for_outcome
+from llmqueue.api.validation import wait_seconds
 from llmqueue.models import PromptRequest
-from llmqueue.responses import completion_body, models_body, request_body
-from llmqueue.results import Outcome, wait_for_outcome
-from llmqueue.routing import live_models, resolve_model
-from llmqueue.submission import submit_prompt
-from llmqueue.validation import wait_seconds
+from llmqueue.queueing.routing import live_models, resolve_model
+from llmqueue.queueing.submission import submit_prompt
 
 log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-LLMQueue-Request-Id"

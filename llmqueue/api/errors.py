@@ -119,7 +119,7 @@ class RequestExpired(ApiError):
 
 
 def failure_error(error_type: str, message: str, headers: dict[str, str]) -> ApiError:
-    """The API error for a failure a worker published (llmqueue/failures.py), by its type name:
+    """The API error for a failure a worker published (contract/failures.py), by its type name:
     the request's fault is a 4xx the caller can fix, the engine's a 500."""
     if error_type == ContextLengthExceeded.__name__:
         return PromptTooLarge(message, headers=headers)

@@ -1,8 +1,8 @@
 """Publishing a generate task: Celery's own task message, queued in one Redis round trip.
 
 The message is built without `apply_async` (celery_ext/message.py says why and what that skips)
-and queued with a persistent client: by its deadline (llmqueue/deadline_order.py: usually one
-LPUSH inside a script), or with a plain LPUSH when LLMQUEUE_EDF_WITHIN_TIER is off.
+and queued with a persistent client: by its deadline (llmqueue/queueing/deadline_order.py:
+usually one LPUSH inside a script), or with a plain LPUSH when LLMQUEUE_EDF_WITHIN_TIER is off.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.conf import settings
 
 from celery_ext import message
 from contract.task import GENERATE_IGNORE_RESULT
-from llmqueue.deadline_order import insert_by_deadline, stamp
+from llmqueue.queueing.deadline_order import insert_by_deadline, stamp
 from project.celery import app
 
 

@@ -12,16 +12,16 @@ from django.utils import timezone
 from contract.task import GENERATE_TASK, TaskPayload
 from llmqueue import lua
 from llmqueue.accounting import settle
-from llmqueue.auth import Caller
-from llmqueue.errors import Unavailable
-from llmqueue.lanes import queue_name
+from llmqueue.api.auth import Caller
+from llmqueue.api.errors import Unavailable
+from llmqueue.api.validation import PromptSpec, wait_seconds
 from llmqueue.lifecycle import Ended
 from llmqueue.models import PromptRequest
-from llmqueue.publisher import TaskMessage, publish_tasks
+from llmqueue.queueing.lanes import queue_name
+from llmqueue.queueing.publisher import TaskMessage, publish_tasks
+from llmqueue.queueing.routing import ModelRoute
+from llmqueue.queueing.row_insert import insert_request
 from llmqueue.redis_client import get_redis
-from llmqueue.routing import ModelRoute
-from llmqueue.row_insert import insert_request
-from llmqueue.validation import PromptSpec, wait_seconds
 
 log = logging.getLogger(__name__)
 

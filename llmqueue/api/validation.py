@@ -9,9 +9,9 @@ from typing import Any
 
 from django.conf import settings
 
-from llmqueue.auth import Caller
-from llmqueue.errors import BadRequest, InvalidParameter, PromptTooLarge
-from llmqueue.routing import ModelRoute
+from llmqueue.api.auth import Caller
+from llmqueue.api.errors import BadRequest, InvalidParameter, PromptTooLarge
+from llmqueue.queueing.routing import ModelRoute
 
 # OpenAI fields we honour, shared by both endpoints. Others are rejected, as OpenAI does, rather
 # than silently ignored: a caller relying on `logprobs` must learn it got none.

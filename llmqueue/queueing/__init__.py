@@ -1,0 +1,1 @@
+"""Getting an admitted request onto its queue: model routing, lanes, the row, the task message."""
