@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -261,3 +262,29 @@ def test_wrong_method_is_405(live_server, seeded: Seeded, clean_redis):
     response = get(live_server, "/v1/completions", seeded.key)
     assert response.status_code == 405
     assert_nothing_enqueued(clean_redis)
+
+
+def test_a_tier_added_in_the_admin_is_served_by_a_running_worker(
+    live_server, seeded: Seeded, start_worker: WorkerFactory
+):
+    """The worker was started before the tier existed; no restart: it consumes the new tier's
+    queue within LLMQUEUE_TIER_REFRESH_SECONDS of the admin's save."""
+    from django.conf import settings
+
+    start_worker("default", *SIMULATED, "--sim-time-scale", "0")
+    urgent = Tier.objects.create(name="urgent", priority=0, weight=4, max_wait_seconds=30)
+    tenant = Tenant.objects.get(pk=seeded.tenant_id)
+    tenant.tier = urgent
+    tenant.save()  # as the admin saves it: the API's caches follow the config version
+    started = time.monotonic()
+    response = post(
+        live_server,
+        "/v1/completions",
+        seeded.key,
+        {"model": "sim", "prompt": "hi", "max_tokens": 3},
+    )
+    waited = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    row = PromptRequest.objects.get(pk=response.headers["X-LLMQueue-Request-Id"])
+    assert (row.status, row.tier.name) == (PromptRequest.Status.SUCCEEDED, "urgent")
+    assert waited < settings.LLMQUEUE_TIER_REFRESH_SECONDS + 3

@@ -37,7 +37,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m workers.serve", description=__doc__)
     add_engine_arguments(parser)
     add_slot_arguments(parser)
-    parser.add_argument("--queues", default="", help="comma-separated queues (default: the pool's)")
+    parser.add_argument(
+        "--queues",
+        default="",
+        help="comma-separated queues (default: every tier queue of the pool, followed as tiers are "
+        "added or deleted in the admin)",
+    )
     parser.add_argument("--node-name", default="", help="Celery node name (default pool@host)")
     parser.add_argument(
         "--step-log",
@@ -101,10 +106,12 @@ def _start_dispatcher(
     token_budget: int,
     queues: list[str],
     node: str,
+    follow_pool: str = "",
 ) -> None:
     """Install this process's dispatcher (workers/queue_order.py) with the tiers as they are now,
-    and the threads that keep it current: tier settings re-read, overdue requests swept. It
-    starts each delivered request's chain, claiming it as node `node`."""
+    and the threads that keep it current: tier settings re-read (and, with `follow_pool`, that
+    pool's tier queues consumed as tiers come and go), overdue requests swept. It starts each
+    delivered request's chain, claiming it as node `node`."""
     from celery.signals import worker_ready, worker_shutdown
     from django.conf import settings
 
@@ -114,7 +121,7 @@ def _start_dispatcher(
     from workers.periodic import Periodic
     from workers.prestart import PreStarts
     from workers.recorder import get_recorder
-    from workers.tier_settings import load_tier_policies
+    from workers.tier_settings import QueueFollower, load_tier_policies
 
     budget = token_budget or default_token_budget(
         max_num_seqs, settings.LLMQUEUE_TYPICAL_REQUEST_TOKENS
@@ -138,13 +145,14 @@ def _start_dispatcher(
             "arrival order",
             file=sys.stderr,
         )
-    jobs = [
-        Periodic(
-            "tier-settings",
-            settings.LLMQUEUE_TIER_REFRESH_SECONDS,
-            lambda: dispatcher.set_tiers(load_tier_policies()),
-        )
-    ]
+    follower = QueueFollower(follow_pool, queues)
+
+    def refresh_tiers() -> None:
+        dispatcher.set_tiers(load_tier_policies())  # before a new tier's queue is consumed
+        if follow_pool:
+            follower.refresh()
+
+    jobs = [Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, refresh_tiers)]
     if mode is DispatchMode.OURS:
         sweep_seconds = settings.LLMQUEUE_DEADLINE_SWEEP_SECONDS
         # Waits for each sweep, so a slow one delays the next instead of piling up behind it.
@@ -153,7 +161,8 @@ def _start_dispatcher(
         )
 
     @worker_ready.connect(weak=False)
-    def _ready(**_: Any) -> None:
+    def _ready(sender: Any = None, **_: Any) -> None:
+        follower.consumer = sender  # Celery's Consumer
         for job in jobs:
             job.start()
 
@@ -182,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     from project.celery import app
 
     node = args.node_name or f"{slot_opts.pool}@{socket.gethostname()}"
-    queues = [q for q in args.queues.split(",") if q] or pool_queues(slot_opts.pool)
+    given = [q for q in args.queues.split(",") if q]
+    queues = given or pool_queues(slot_opts.pool)
     if not queues:
         print(f"llmqueue worker {node}: no queues (no tiers defined?)", file=sys.stderr)
         return 2
@@ -206,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         slot_opts.token_budget,
         queues,
         node,
+        follow_pool="" if given else slot_opts.pool,  # --queues: exactly those, as told
     )
     _start_heartbeat(slot_opts.pool, node)
     app.worker_main(celery_argv(queues, slots, node, slot_opts.loglevel, slot_opts.events))
