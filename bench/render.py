@@ -526,13 +526,46 @@ def header(suite: dict[str, Any]) -> list[str]:
     ]
 
 
-def render(suite: dict[str, Any], data: dict[str, tuple[dict[str, Any] | None, str]]) -> str:
-    """The page: the header, the summary of figures vs goals, one section per bench. `data`:
-    per bench, its JSON (or None) and why it is missing."""
+def comparison_section(data: dict[str, Any]) -> list[str]:
+    """bench/compare.py's two commits side by side, if it ran."""
+    if not data.get("figures"):
+        return []
+    commits = data.get("commits") or {}
+    rows = [
+        [row["bench"], row["figure"], cell(row.get("before")), cell(row.get("after")),
+         "; ".join(", ".join(cell(v) for v in row["runs"][side]) for side in ("before", "after"))]
+        for row in data["figures"]
+    ]  # fmt: skip
+    head = ("bench", "figure", f"before ({str(commits.get('before', '?'))[:7]})",
+            f"after ({str(commits.get('after', '?'))[:7]})", "runs (before; after)")  # fmt: skip
+    return [
+        f"## Side by side: {data.get('title', '')}",
+        "",
+        f"Both commits in one sitting, {cell(data.get('repeats'))} runs of each bench's quick form "
+        f"per side, taking turns; medians. {cell(data.get('date'))}, {cell(data.get('machine'))}.",
+        "",
+        "```",
+        str(data.get("command", "")),
+        "```",
+        "",
+        *md_table(head, rows),
+        "",
+    ]
+
+
+def render(
+    suite: dict[str, Any],
+    data: dict[str, tuple[dict[str, Any] | None, str]],
+    comparison: dict[str, Any] | None = None,
+) -> str:
+    """The page: the header, the summary of figures vs goals, one section per bench, and the
+    latest side-by-side comparison. `data`: per bench, its JSON (or None) and why it is
+    missing."""
     lines = [*header(suite), "## Figures vs goals", "", *summary_table(suite), ""]
     for name, entry in (suite.get("benches") or {}).items():
         bench_data, note = data.get(name, (None, "No result."))
         lines += bench_section(name, entry, bench_data, note)
+    lines += comparison_section(comparison or {})
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -550,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.suite}: no suite results; run `make bench` first", file=sys.stderr)
         return 1
     data = {name: bench_json(entry) for name, entry in suite["benches"].items()}
-    args.out.write_text(render(suite, data))
+    compared = REPO / "bench" / "results" / "compare.json"
+    args.out.write_text(render(suite, data, read_json(compared) if compared.exists() else None))
     print(f"wrote {args.out}")
     return 0
 

@@ -86,3 +86,33 @@ def test_a_bench_json_rewritten_after_the_suite_is_left_out(tmp_path: Path):
     data, note = render.bench_json(entry, tmp_path)
     assert data is None and "changed after the suite wrote it" in note
     assert render.bench_json({"json_sha256": None}, tmp_path) == (None, "This run wrote no result.")
+
+
+def test_a_side_by_side_comparison_shows_both_commits_medians_and_runs():
+    from bench import compare
+
+    runs = {
+        "latency": {
+            "before": [{"p50 ms": 6.0, "p99 ms": 12.0}, {"p50 ms": 8.0, "p99 ms": 14.0}],
+            "after": [{"p50 ms": 7.0, "p99 ms": None}, {"p50 ms": 5.0, "p99 ms": 11.0}],
+        }
+    }
+    figures = compare.figures_table(runs)
+    assert [(r["figure"], r["before"], r["after"]) for r in figures] == [
+        ("p50 ms", 7.0, 6.0),
+        ("p99 ms", 13.0, 11.0),
+    ]
+    page = render.render(
+        synthetic_suite(),
+        {},
+        {
+            "title": "restructure",
+            "commits": {"before": "aaaaaaa111", "after": "bbbbbbb222"},
+            "repeats": 2,
+            "command": "python -m bench.compare --before aaaaaaa",
+            "figures": figures,
+        },
+    )
+    assert "## Side by side: restructure" in page
+    assert "| latency | p50 ms | 7 | 6 | 6, 8; 7, 5 |" in page
+    assert "before (aaaaaaa)" in page and "after (bbbbbbb)" in page
