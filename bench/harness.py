@@ -222,7 +222,7 @@ def tiny_model_path(given: str = "") -> str:
     """`given`, or the tiny local model the tests use (built under .llmqueue/ on first use)."""
     if given:
         return given
-    from workers.tiny_model import build_tiny_model
+    from devtools.tiny_model import build_tiny_model
 
     return str(build_tiny_model(REPO / ".llmqueue" / "models" / "tiny-llama"))
 

@@ -5,7 +5,7 @@ while a bulk backlog saturates the engine.
                                        [--interactive 60 --gap-ms 20,60]
                                        [--phases vllm_alone,queue,queue_no_headroom]
 
-Everything runs the vLLM CPU build with the tiny local model (workers/tiny_model.py), engine core
+Everything runs the vLLM CPU build with the tiny local model (devtools/tiny_model.py), engine core
 in-process, eager, float32. A bulk backlog of `--bulk` batch-tier requests (`--bulk-tokens` long,
 ignore_eos, so the engine stays full for the whole measurement) is queued first; once the engine
 runs it, `--warmup` + `--interactive` interactive requests (`--interactive-tokens` long) are sent

@@ -19,12 +19,12 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from devtools.tiny_model import build_tiny_model
 from llmqueue import liveness
 from llmqueue.auth import forget_cached_callers
 from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
 from llmqueue.models import PromptRequest
 from llmqueue.routing import forget_cached_routes
-from workers.tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = Path(settings.STATE_DIR) / "models" / "tiny-llama"

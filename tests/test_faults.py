@@ -21,8 +21,8 @@ import pytest
 import redis
 from django.conf import settings
 
+from devtools.embedded_redis import redis_answers, server_argv, server_binary
 from llmqueue import liveness
-from llmqueue.embedded_redis import redis_answers, server_argv, server_binary
 from llmqueue.models import PromptRequest
 from tests.conftest import (
     REPO,

@@ -1,7 +1,8 @@
-"""`manage.py demo`: the whole stack on one machine, a burst of prompts through it, then serving."""
+"""`python -m devtools.demo`: the whole stack locally, a burst of prompts, then serving."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -26,13 +27,13 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 
-from llmqueue import liveness
-from llmqueue.embedded_redis import (
+from devtools.embedded_redis import (
     EmbeddedRedisError,
     local_port,
     redact,
     start_embedded_redis,
 )
+from llmqueue import liveness
 from llmqueue.redis_client import get_redis
 
 MODEL_NAME = "tiny-llama"
@@ -48,6 +49,7 @@ HTTP_TIMEOUT_SECONDS = 120.0
 STOP_TIMEOUT_SECONDS = 30.0
 MAX_RETRIES = 5
 REQUEST_ID_HEADER = "X-LLMQueue-Request-Id"
+DEFAULT_PORT = 8000
 
 _SEEDS = (
     "the quick brown fox",
@@ -214,7 +216,7 @@ def ensure_redis(children: list[Child]) -> None:
 
 
 def build_model() -> Path:
-    from workers.tiny_model import build_tiny_model
+    from devtools.tiny_model import build_tiny_model
 
     path = Path(settings.STATE_DIR) / "models" / MODEL_NAME
     say(f"[3/7] tiny local model at {path}")
@@ -522,3 +524,46 @@ def run_demo(preferred_port: int, exit_after_results: bool) -> None:
         finally:
             with signals_ignored():
                 stop_children(children)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.demo",
+        description="Migrate, start Redis if none answers (embedded, AOF under .llmqueue/), build "
+        "a tiny model, start a vLLM CPU worker and the web server, send a burst of prompts "
+        "through the API, then serve until Ctrl-C.",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("DEMO_PORT", str(DEFAULT_PORT))),
+        help="web server port, another free one if taken (env DEMO_PORT; default 8000)",
+    )
+    parser.add_argument(
+        "--exit",
+        action="store_true",
+        default=os.environ.get("DEMO_EXIT", "").strip().lower() in {"1", "true", "yes"},
+        help="stop after the burst instead of serving (env DEMO_EXIT=1)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+
+    django.setup()
+    try:
+        run_demo(args.port, args.exit)
+    except DemoError as exc:
+        print(f"CommandError: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
