@@ -22,7 +22,7 @@ $(STAMP): requirements.txt requirements-cpu.txt requirements-dev.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) manage.py demo
+	$(PY) -m devtools.demo
 
 # Every benchmark under bench/ (quick forms, ~12 min on 2 cores; bench-full: each bench's
 # defaults), one table of figures vs goals, then docs/BENCHMARKS.md rendered from the results.

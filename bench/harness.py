@@ -1,32 +1,34 @@
 """Benchmark plumbing: a dedicated DB + Redis db, seeding, and the child processes under test.
 
-Everything a benchmark starts is stopped again by PID (never by name), and it only ever flushes
+Everything a benchmark starts is stopped again by PID and process group (never by name;
+workers/processes.py), and it only ever flushes
 the one Redis database number it was given, so it can share a Redis server with other users.
 """
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from contract.liveness import live_workers
+from workers import command, processes
+from workers.options import SlotOptions
+from workers.runtime import EngineOptions
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -36,11 +38,7 @@ DEFAULT_STALE_SECONDS = 10.0
 
 
 # --- addresses ---------------------------------------------------------------------------------
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+free_port = processes.free_port
 
 
 def redis_url(db: int, base: str = REDIS_BASE_URL) -> str:
@@ -222,7 +220,7 @@ def tiny_model_path(given: str = "") -> str:
     """`given`, or the tiny local model the tests use (built under .llmqueue/ on first use)."""
     if given:
         return given
-    from workers.tiny_model import build_tiny_model
+    from devtools.tiny_model import build_tiny_model
 
     return str(build_tiny_model(REPO / ".llmqueue" / "models" / "tiny-llama"))
 
@@ -235,83 +233,28 @@ def write_result(path: Path, result: dict[str, Any], report: str) -> None:
     print(report)
 
 
-# --- child processes ---------------------------------------------------------------------------
-@dataclass
-class Child:
-    """A process the benchmark started; only this PID is ever signalled."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path | None
-    _log: IO[bytes] | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+# --- child processes: workers/processes.py, the one supervisor -------------------------------
+Child = processes.Child
 
 
 def start_process(
     name: str, argv: Sequence[str], env: dict[str, str], log_path: Path | None = None
 ) -> Child:
-    """Start `argv` in its own session (a Ctrl-C in the terminal reaches only the benchmark,
-    which then stops its children in order), output appended to `log_path`."""
-    log = None
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = log_path.open("wb")
-    popen = subprocess.Popen(
-        list(argv),
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log if log is not None else subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    return Child(name, popen, log_path, log)
+    """Start `argv` in its own process group (a Ctrl-C in the terminal reaches only the
+    benchmark, which then stops its children in order), output appended to `log_path`."""
+    return processes.start(name, argv, env=env, cwd=REPO, log_path=log_path)
 
 
 def stop_process(child: Child, grace_seconds: float = 15.0) -> int | None:
-    """SIGTERM (warm shutdown for Celery, graceful for gunicorn), wait, then SIGKILL that PID;
-    then SIGKILL whatever it started and left behind (a vLLM engine-core process outlives a
-    killed worker), by the PIDs found below it before the stop."""
-    popen = child.popen
-    below = [pid for pid in _descendants(popen.pid) if pid != popen.pid]
-    if popen.poll() is None:
-        try:
-            popen.send_signal(signal.SIGTERM)
-            popen.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-    for pid in below:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    if child._log is not None:
-        child._log.close()
-        child._log = None
-    return popen.returncode
+    """SIGTERM (warm shutdown for Celery, graceful for gunicorn), SIGKILL after `grace_seconds`,
+    then whatever it started and left behind (a vLLM engine-core process outlives a killed
+    worker): its process group and the PIDs found below it before the stop."""
+    return processes.stop(child, grace_seconds=grace_seconds)
 
 
-@contextmanager
-def children() -> Iterator[list[Child]]:
+def children() -> AbstractContextManager[list[Child]]:
     """A list to append started children to; all are stopped, newest first, on the way out."""
-    started: list[Child] = []
-    try:
-        yield started
-    finally:
-        for child in reversed(started):
-            stop_process(child)
+    return processes.supervised()
 
 
 def exit_on_sigterm() -> None:
@@ -323,28 +266,11 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _raise)
 
 
-def _descendants(pid: int) -> list[int]:
-    """`pid` and every live process below it (gunicorn's workers are the master's children)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(parents.get(current, []))
-    return found
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds used so far by `pid` and its live descendants (Linux /proc)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
-    for member in _descendants(pid):
+    for member in processes.descendants(pid):
         try:
             fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -431,18 +357,13 @@ def worker_argv(
 ) -> list[str]:
     """One simulated-engine GPU worker (`workers.serve`); `dispatch` and `token_budget` default to
     the worker's own defaults."""
-    argv = [PYTHON, "-m", "workers.serve", "--engine", "simulated", "--model", model]
-    argv += ["--sim-time-scale", str(time_scale), "--max-num-seqs", str(max_num_seqs)]
-    argv += ["--pool", pool, "--loglevel", loglevel]
-    if slots:
-        argv += ["--slots", str(slots)]
-    if node_name:
-        argv += ["--node-name", node_name]
+    engine = EngineOptions(
+        kind="simulated", model=model, sim_time_scale=time_scale, max_num_seqs=max_num_seqs
+    )
+    slot_options = SlotOptions(pool=pool, slots=slots, loglevel=loglevel, token_budget=token_budget)
     if dispatch:
-        argv += ["--dispatch", dispatch]
-    if token_budget:
-        argv += ["--token-budget", str(token_budget)]
-    return argv
+        slot_options = replace(slot_options, dispatch=dispatch)
+    return command.worker_argv(engine, slot_options, node=node_name)
 
 
 @dataclass(frozen=True)

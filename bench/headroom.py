@@ -5,7 +5,7 @@ while a bulk backlog saturates the engine.
                                        [--interactive 60 --gap-ms 20,60]
                                        [--phases vllm_alone,queue,queue_no_headroom]
 
-Everything runs the vLLM CPU build with the tiny local model (workers/tiny_model.py), engine core
+Everything runs the vLLM CPU build with the tiny local model (devtools/tiny_model.py), engine core
 in-process, eager, float32. A bulk backlog of `--bulk` batch-tier requests (`--bulk-tokens` long,
 ignore_eos, so the engine stays full for the whole measurement) is queued first; once the engine
 runs it, `--warmup` + `--interactive` interactive requests (`--interactive-tokens` long) are sent
@@ -58,6 +58,8 @@ from typing import Any
 
 from bench import harness
 from bench.throughput import ResultCollector
+from workers.command import worker_argv
+from workers.options import SlotOptions
 
 MODEL_NAME = "tiny-llama"
 POOL = "headroom"
@@ -312,9 +314,9 @@ class QueueRunner:
         ]
         self.keys = harness.seed_tenants(env, tenants, model=MODEL_NAME, pool=POOL)
         self.step_log = workdir / "worker-steps.log"
-        argv = [harness.PYTHON, "-m", "workers.serve", *engine_flags(args), "--pool", POOL]
-        argv += ["--slots", str(args.slots), "--loglevel", "WARNING"]
-        argv += ["--step-log", str(self.step_log)]
+        slots = SlotOptions(pool=POOL, slots=args.slots, loglevel="WARNING")
+        extra = [*engine_flags(args), "--step-log", str(self.step_log)]
+        argv = worker_argv(slots=slots, extra=extra)
         self.worker = harness.start_process(
             "worker", argv, env, harness.RESULTS / "headroom-worker.log"
         )

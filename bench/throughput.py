@@ -33,7 +33,8 @@ import redis
 
 from bench import harness
 from contract.liveness import worker_stats
-from workers import options
+from workers import command, options
+from workers.runtime import EngineOptions
 
 MODEL_NAME = "tiny-llama"
 POOL = "bench"
@@ -75,6 +76,19 @@ def engine_flags(args: argparse.Namespace) -> dict[str, Any]:
         # The CPU build recompiles on every start and, measured here, decodes faster eager.
         "enforce_eager": True,
     }
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The worker under test: the same engine as the direct child's (`engine_flags`)."""
+    engine = EngineOptions(
+        kind="vllm",
+        model=args.model_path,
+        in_process=args.engine_core == "thread",
+        cpu_threads=args.stack_cpu_threads,
+        **engine_flags(args),
+    )
+    slots = options.SlotOptions(pool=POOL, slots=args.slots, loglevel="WARNING")
+    return command.worker_argv(engine, slots)
 
 
 def direct_main(args: argparse.Namespace) -> None:
@@ -251,15 +265,7 @@ class StackRunner:
         self.key = harness.seed(
             env, model=MODEL_NAME, pool=POOL, tier="batch", max_tokens=args.max_tokens
         )
-        flags = engine_flags(args)
-        argv = [harness.PYTHON, "-m", "workers.serve", "--engine", "vllm", "--enforce-eager"]
-        if args.engine_core == "thread":
-            argv.append("--in-process")
-        argv += ["--model", args.model_path, "--pool", POOL, "--loglevel", "WARNING"]
-        argv += ["--max-num-seqs", str(flags["max_num_seqs"]), "--dtype", flags["dtype"]]
-        argv += ["--gpu-memory-utilization", str(flags["gpu_memory_utilization"])]
-        argv += ["--max-model-len", str(flags["max_model_len"]), "--slots", str(args.slots)]
-        argv += ["--engine-cpu-threads", str(args.stack_cpu_threads)]
+        argv = worker_argv(args)
         log = harness.RESULTS / "throughput-worker.log"
         self.worker = harness.start_process("worker", argv, env, log)
         started.append(self.worker)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -20,11 +17,14 @@ from django.conf import settings
 from django.db import connection
 
 from contract import liveness
+from devtools.tiny_model import build_tiny_model
 from llmqueue.api.auth import forget_cached_callers
 from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
 from llmqueue.models import PromptRequest
 from llmqueue.queueing.routing import forget_cached_routes
-from workers.tiny_model import build_tiny_model
+from workers import processes
+from workers.command import worker_argv
+from workers.options import SlotOptions
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = Path(settings.STATE_DIR) / "models" / "tiny-llama"
@@ -113,32 +113,19 @@ def subprocess_env() -> dict[str, str]:
 
 @dataclass
 class Worker:
-    process: subprocess.Popen[bytes]
+    child: processes.Child
     pool: str
     node: str
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
+        """`sig` to this worker's PID, SIGKILL after `timeout`, then its process group."""
+        return processes.stop(self.child, sig, grace_seconds=timeout)
 
 
 def pretend_live(client: redis.Redis, pool: str) -> None:
     """A worker beat for `pool` that stays fresh for an hour: admission then sees a live worker
     (one busy elsewhere, say) while no process consumes the pool's queues."""
     liveness.beat(client, pool, f"{pool}-busy@localhost", now=time.time() + 3600)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def settle(
@@ -175,13 +162,14 @@ WorkerFactory = Callable[..., Worker]
 
 def _start(pool: str, args: list[str], client: redis.Redis, timeout: float) -> Worker:
     node = f"{pool}-test-{uuid.uuid4().hex[:6]}@localhost"
-    argv = [sys.executable, "-m", "workers.serve", "--pool", pool, "--node-name", node]
-    process = subprocess.Popen(argv + args, cwd=REPO, env=subprocess_env())
-    worker = Worker(process, pool, node)
+    argv = worker_argv(slots=SlotOptions(pool=pool), node=node, extra=args)
+    # Output inherited: pytest shows a failed test's worker log with it.
+    child = processes.start(node, argv, env=subprocess_env(), cwd=REPO, inherit_output=True)
+    worker = Worker(child, pool, node)
 
     def ready() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(f"worker exited with status {process.returncode}")
+        if not child.running():
+            raise AssertionError(f"worker exited with status {child.returncode}")
         return node in liveness.live_workers(client, pool, settings.LLMQUEUE_WORKER_STALE_SECONDS)
 
     try:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,13 +20,12 @@ import redis
 from django.conf import settings
 
 from contract import liveness
-from llmqueue.embedded_redis import redis_answers, server_argv, server_binary
+from devtools.embedded_redis import redis_answers, server_argv, server_binary
 from llmqueue.models import PromptRequest
 from tests.conftest import (
     REPO,
     SIMULATED,
     Seeded,
-    free_port,
     pretend_live,
     queued_messages,
     settle,
@@ -36,6 +33,10 @@ from tests.conftest import (
     wait_until,
 )
 from tests.test_redelivery import count_published_results
+from workers import processes
+from workers.command import worker_argv
+from workers.options import SlotOptions
+from workers.processes import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = PromptRequest.Status
@@ -56,12 +57,13 @@ def alive(process: subprocess.Popen[bytes], name: str) -> bool:
 @dataclass
 class Stack:
     """This test's own Redis server, API and workers. Each child leads its own process group, so
-    `stop_all` reaches exactly what the test started (granian's worker process included)."""
+    `stop_all` reaches exactly what the test started (granian's worker process included), by
+    PID and process group (workers/processes.py), and waits until their ports are free."""
 
     tmp: Path
     redis_port: int = field(default_factory=free_port)
     api_port: int = field(default_factory=free_port)
-    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    started: list[processes.Child] = field(default_factory=list)
 
     @property
     def redis_url(self) -> str:
@@ -74,10 +76,10 @@ class Stack:
     def env(self) -> dict[str, str]:
         return {**subprocess_env(), "REDIS_URL": self.redis_url}
 
-    def spawn(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(argv, process_group=0, **kwargs)
-        self.started.append(process)
-        return process
+    def spawn(self, name: str, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        child = processes.start(name, argv, **kwargs)
+        self.started.append(child)
+        return child.popen
 
     def start_redis(self, *extra: str) -> subprocess.Popen[bytes]:
         """A server on this test's port and data dir; the same dir across restarts, as the
@@ -85,7 +87,7 @@ class Stack:
         data_dir = self.tmp / "redis"
         data_dir.mkdir(exist_ok=True)
         argv = [*server_argv(server_binary(), self.redis_port, data_dir), "--save", "", *extra]
-        process = self.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = self.spawn("redis", argv, ports=(self.redis_port,))
         wait_until(
             lambda: alive(process, "redis") and redis_answers(self.redis_url),
             15,
@@ -100,7 +102,9 @@ class Stack:
             "--port", str(self.api_port), "--workers", "1", "--blocking-threads", "1",
             "--no-ws", "--log-level", "warning", "project.wsgi:application",
         ]  # fmt: skip
-        process = self.spawn(argv, cwd=REPO, env=self.env())
+        process = self.spawn(
+            "api", argv, cwd=REPO, env=self.env(), ports=(self.api_port,), inherit_output=True
+        )
 
         def ready() -> bool:
             alive(process, "API")
@@ -114,8 +118,8 @@ class Stack:
 
     def start_worker(self, client: redis.Redis, *args: str) -> tuple[subprocess.Popen[bytes], str]:
         node = f"default-faults-{uuid.uuid4().hex[:6]}@localhost"
-        argv = [sys.executable, "-m", "workers.serve", "--pool", "default", "--node-name", node]
-        process = self.spawn([*argv, *args], cwd=REPO, env=self.env())
+        argv = worker_argv(slots=SlotOptions(pool="default"), node=node, extra=args)
+        process = self.spawn(node, argv, cwd=REPO, env=self.env(), inherit_output=True)
 
         def ready() -> bool:
             alive(process, "worker")
@@ -126,11 +130,8 @@ class Stack:
         return process, node
 
     def stop_all(self) -> None:
-        for process in reversed(self.started):
-            # The group may outlive its leader (granian's worker), or be gone already.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        for child in reversed(self.started):
+            processes.stop(child, signal.SIGKILL)
 
 
 @pytest.fixture

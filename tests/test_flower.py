@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import httpx
@@ -12,7 +11,9 @@ from llmqueue.api.auth import caller_for_key
 from llmqueue.api.validation import PromptSpec
 from llmqueue.queueing.routing import all_queues, resolve_model
 from llmqueue.queueing.submission import submit_prompts
-from tests.conftest import REPO, Seeded, free_port, subprocess_env, wait_until
+from tests.conftest import REPO, Seeded, subprocess_env, wait_until
+from workers import processes
+from workers.processes import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,12 +35,12 @@ def test_flower_shows_a_tiers_backlog_while_no_worker_consumes_it(seeded: Seeded
     port = free_port()
     env = dict(subprocess_env(), FLOWER_UNAUTHENTICATED_API="true")
     argv = [sys.executable, "manage.py", "flower", f"--port={port}", "--address=127.0.0.1"]
-    flower = subprocess.Popen(argv, cwd=REPO, env=env)
+    flower = processes.start("flower", argv, cwd=REPO, env=env, ports=(port,), inherit_output=True)
     try:
         lengths: dict[str, int] = {}
 
         def reported() -> bool:
-            assert flower.poll() is None, "flower exited"
+            assert flower.running(), "flower exited"
             try:
                 body = httpx.get(f"http://127.0.0.1:{port}/api/queues/length", timeout=5).json()
             except httpx.HTTPError:
@@ -49,8 +50,7 @@ def test_flower_shows_a_tiers_backlog_while_no_worker_consumes_it(seeded: Seeded
 
         wait_until(reported, 60, "flower's queue lengths")
     finally:
-        flower.terminate()
-        flower.wait(timeout=30)
+        processes.stop(flower, grace_seconds=30)
     assert lengths == {
         "celery": 0,
         "default.batch": 0,

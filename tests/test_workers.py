@@ -9,10 +9,11 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from workers.options import SlotOptions, task_slots
+from workers.command import worker_argv
+from workers.options import SlotOptions, engine_options, slot_options, task_slots
 from workers.pool import worker_processes
 from workers.runtime import EngineOptions
-from workers.serve import ENGINE_LOAD_FAILED
+from workers.serve import ENGINE_LOAD_FAILED, parse_args
 
 
 def test_one_pinned_process_per_gpu_with_the_pool_queues_and_engine_flags():
@@ -39,6 +40,29 @@ def test_cpu_workers_are_unpinned():
     assert all(p.env.get("CUDA_VISIBLE_DEVICES") == inherited for p in plan)
 
 
+def test_the_worker_command_line_round_trips_through_the_workers_parser():
+    engine = EngineOptions(
+        kind="vllm", model="/m", max_num_seqs=8, dtype="float32", max_model_len=2048,
+        gpu_memory_utilization=0.5, in_process=True, enforce_eager=True, seed=7,
+        sim_time_scale=0.25, sim_max_num_batched_tokens=1024, cpu_threads=3,
+    )  # fmt: skip
+    slots = SlotOptions(
+        pool="chat", slots=9, loglevel="WARNING", events=True, dispatch="fifo", token_budget=77
+    )
+    argv = worker_argv(engine, slots, ["chat.interactive", "chat.batch"], "chat-gpu0@h")
+    assert argv[:3] == [sys.executable, "-m", "workers.serve"]
+    args = parse_args(argv[3:])
+    assert (engine_options(args), slot_options(args)) == (engine, slots)
+    assert (args.queues, args.node_name) == ("chat.interactive,chat.batch", "chat-gpu0@h")
+
+
+def test_options_left_out_of_the_worker_command_line_are_the_workers_defaults():
+    argv = worker_argv(extra=["--slots", "3"])
+    args = parse_args(argv[3:])
+    assert (engine_options(args), slot_options(args)) == (EngineOptions(), SlotOptions(slots=3))
+    assert (args.queues, args.node_name) == ("", "")
+
+
 def test_task_slots_default_to_a_short_line_beyond_the_engine_batch():
     assert task_slots(0, 64) == 66
     assert task_slots(0, 256) == 264
@@ -62,3 +86,16 @@ def test_worker_that_cannot_load_its_engine_exits_with_a_reason(tmp_path):
     assert "cannot load the vllm engine for model" in done.stderr
     assert "Not consuming any queue." in done.stderr
     assert "ready" not in done.stdout
+
+
+def test_runworkers_hands_every_argument_to_the_worker_pool():
+    argv = [sys.executable, "manage.py", "runworkers"]
+    shown = subprocess.run([*argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    for flag in ("--gpus", "--cpu-workers", "--model", "--pool", "--dispatch"):
+        assert flag in shown.stdout
+    refused = subprocess.run(
+        [*argv, "--engine", "vllm"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2
+    assert "--model is required for the vllm engine" in refused.stderr

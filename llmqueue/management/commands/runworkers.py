@@ -1,42 +1,41 @@
-"""`manage.py runworkers`: start this host's GPU worker pool, one Celery worker process per GPU."""
+"""`manage.py runworkers`: execs the worker pool, `python -m workers.pool`, with the same args."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.conf import settings
+from django.core.management.base import BaseCommand
 
-from llmqueue.queueing.lanes import pool_queues
-from workers.options import add_engine_arguments, add_slot_arguments, engine_options, slot_options
-from workers.pool import run_pool, worker_processes
+POOL_MODULE = "workers.pool"
+
+
+def pool_argv(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", POOL_MODULE, *args]
+
+
+def pool_env() -> dict[str, str]:
+    """Ours, with the project on the path: `-m` finds `workers` from any working directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(settings.BASE_DIR), env.get("PYTHONPATH", "")) if p
+    )
+    return env
 
 
 class Command(BaseCommand):
     help = (
         "Start one Celery worker process per GPU (CUDA_VISIBLE_DEVICES pinned), each with one warm "
-        "engine fed by many task slots. Without --gpus, start --cpu-workers unpinned workers "
-        "(vLLM's CPU build with --in-process, or --engine simulated)."
+        "engine fed by many task slots; `manage.py runworkers --help`: the pool's options. The "
+        "API side imports no worker code: this execs `python -m workers.pool` with every argument."
     )
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--gpus", default="", help="comma-separated GPU ids, e.g. 0,1")
-        parser.add_argument("--cpu-workers", type=int, default=1, help="workers when no --gpus")
-        add_engine_arguments(parser)
-        add_slot_arguments(parser)
+    def run_from_argv(self, argv: list[str]) -> None:
+        # The pool parses its own options (--help included); Django's parser would reject them.
+        self.handle(*argv[2:])
 
-    def handle(self, *args: Any, **opts: Any) -> None:
-        namespace = type("Args", (), opts)
-        engine, slots = engine_options(namespace), slot_options(namespace)  # type: ignore[arg-type]
-        if engine.kind == "vllm" and not engine.model:
-            raise CommandError("--model is required for the vllm engine")
-        queues = pool_queues(slots.pool)
-        if not queues:
-            raise CommandError("no tiers defined: add one in the admin first")
-        gpus = [g.strip() for g in opts["gpus"].split(",") if g.strip()]
-        processes = worker_processes(gpus, opts["cpu_workers"], queues, engine, slots)
-        for process in processes:
-            self.stdout.write(f"starting {process.node} on queues {','.join(queues)}")
-        code = run_pool(processes)
-        if code:
-            sys.exit(code)
+    def handle(self, *args: Any, **options: Any) -> None:
+        argv = pool_argv([str(a) for a in args])
+        os.execve(argv[0], argv, pool_env())

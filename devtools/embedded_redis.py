@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
+import signal
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
+
+from workers import processes
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
 DEFAULT_PORT = 6379
@@ -82,11 +84,12 @@ def server_argv(binary: Path, port: int, data_dir: Path) -> list[str]:
 
 def start_embedded_redis(
     url: str, data_dir: Path, timeout_seconds: float = 15.0
-) -> subprocess.Popen[bytes] | None:
+) -> processes.Child | None:
     """Start a server on `url`'s port unless one answers there already (then return None).
 
-    The caller owns the returned process and must stop it. Raises EmbeddedRedisError when the URL
-    is not local, no binary exists, or the server does not come up.
+    The caller owns the returned process and must stop it (workers.processes.stop). Raises
+    EmbeddedRedisError when the URL is not local, no binary exists, or the server does not come
+    up.
     """
     if redis_answers(url):
         return None
@@ -98,27 +101,27 @@ def start_embedded_redis(
         )
     data_dir.mkdir(parents=True, exist_ok=True)
     binary = server_binary()
-    process = subprocess.Popen(
-        server_argv(binary, port, data_dir),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        # Its own process group: a terminal's Ctrl-C reaches only the caller, which stops the
-        # server last, after the processes that still talk to it.
-        process_group=0,
-    )
+    # Its own process group: a terminal's Ctrl-C reaches only the caller, which stops the
+    # server last, after the processes that still talk to it.
+    child = processes.start("embedded Redis", server_argv(binary, port, data_dir), ports=(port,))
+    # The server writes this log itself (--logfile); named here for the caller's error messages.
+    child.log_path = data_dir / "server.log"
+    _wait_answers(child, url, binary, timeout_seconds)
+    return child
+
+
+def _wait_answers(child: processes.Child, url: str, binary: Path, timeout_seconds: float) -> None:
     deadline = time.monotonic() + timeout_seconds
     while not redis_answers(url):
-        code = process.poll()
-        if code is not None:
+        if not child.running():
             raise EmbeddedRedisError(
-                f"The embedded Redis ({binary}) exited with status {code}; "
-                f"see {data_dir / 'server.log'} (is port {port} taken by something else?)."
+                f"The embedded Redis ({binary}) exited with status {child.returncode}; "
+                f"see {child.log_path} (is port {child.ports[0]} taken by something else?)."
             )
         if time.monotonic() > deadline:
-            process.kill()
-            process.wait()
+            processes.stop(child, signal.SIGKILL)
             raise EmbeddedRedisError(
-                f"The embedded Redis did not answer on port {port} within {timeout_seconds:g} s."
+                f"The embedded Redis did not answer on port {child.ports[0]} within "
+                f"{timeout_seconds:g} s."
             )
         time.sleep(0.1)
-    return process

@@ -1,0 +1,1 @@
+"""Development tooling, not part of the product: the demo, its embedded Redis, the tiny model."""
