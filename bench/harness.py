@@ -27,8 +27,8 @@ import redis
 
 from contract.liveness import live_workers
 from workers import command, processes
+from workers.engines import EngineOptions
 from workers.options import SlotOptions
-from workers.runtime import EngineOptions
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

@@ -34,7 +34,7 @@ import redis
 from bench import harness
 from contract.liveness import worker_stats
 from workers import command, options
-from workers.runtime import EngineOptions
+from workers.engines import EngineOptions
 
 MODEL_NAME = "tiny-llama"
 POOL = "bench"

@@ -37,10 +37,10 @@ from devtools.demo_setup import (
 )
 from llmqueue.redis_client import get_redis
 from workers import processes
+from workers.engines import EngineOptions
 from workers.options import SlotOptions
 from workers.pool import worker_processes
 from workers.processes import Child, signals_as_interrupt, signals_ignored
-from workers.runtime import EngineOptions
 
 PROMPT_COUNT = 36
 CONCURRENCY = 12

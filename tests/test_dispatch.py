@@ -332,12 +332,11 @@ def test_dispatcher_counts_a_published_message_by_its_requests(transactional_db:
 def test_tier_cycle_is_kombus_round_robin_without_a_dispatcher_and_polls_fast_when_capped():
     cycle = TierCycle()
     cycle.update([INTER, BATCH])
-    queue_order.install(None)
     assert cycle.consume(2) == [INTER, BATCH]
     assert cycle.rotate(INTER) == INTER and cycle.consume(2) == [BATCH, INTER]
     assert cycle.poll_timeout(1.0) == 1.0
     d = dispatcher(limits=EngineLimits(max_num_seqs=4, task_slots=8, token_budget=100_000))
-    queue_order.install(d)
+    d.plug_in()
     try:
         assert cycle.consume(2) == [INTER, BATCH]
         for i in range(7):
@@ -345,7 +344,7 @@ def test_tier_cycle_is_kombus_round_robin_without_a_dispatcher_and_polls_fast_wh
         assert cycle.poll_timeout(1.0) == queue_order.HELD_BACK_POLL_SECONDS
         assert cycle.consume(2) == [INTER]
     finally:
-        queue_order.install(None)
+        d.unplug()
 
 
 def test_workers_read_tier_settings_as_the_admin_saves_them(transactional_db: None):

@@ -34,7 +34,7 @@ def test_the_api_url_conf_loads_no_worker_module():
 
 
 def test_the_worker_bootstrap_loads_no_view_auth_or_validation_module():
-    loaded = modules_after("import workers.serve, workers.tasks, workers.recorder")
+    loaded = modules_after("import workers.serve, workers.tasks, workers.runtime")
     assert "workers.execution" in loaded  # the probe did load the worker
     assert [m for m in loaded if m == "llmqueue.api" or m.startswith("llmqueue.api.")] == []
     assert "llmqueue.admission.request" not in loaded

@@ -10,9 +10,9 @@ import pytest
 
 from tests.conftest import REPO
 from workers.command import worker_argv
+from workers.engines import EngineOptions
 from workers.options import SlotOptions, engine_options, slot_options, task_slots
 from workers.pool import worker_processes
-from workers.runtime import EngineOptions
 from workers.serve import ENGINE_LOAD_FAILED, parse_args
 
 

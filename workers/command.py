@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from workers.engines import EngineOptions
 from workers.options import SlotOptions, engine_argv, slot_argv
-from workers.runtime import EngineOptions
 
 SERVE_MODULE = "workers.serve"
 

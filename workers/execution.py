@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery.exceptions import Ignore
 
@@ -24,9 +24,10 @@ from llmqueue import lifecycle
 from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong
 from workers.engine_budget import NO_HOLD, Hold
 from workers.prestart import start_generation, start_unless_overdue
-from workers.queue_order import take_holds, take_prestart
-from workers.recorder import Recorded, Recorder, get_recorder
-from workers.runtime import current_engine
+from workers.recorder import Recorded, Recorder
+
+if TYPE_CHECKING:  # workers/runtime.py builds on this module
+    from workers.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -153,7 +154,7 @@ def start_delivered(
     return start_prompt(payload, worker, recorder, engine, hold, lane)
 
 
-def run_prompts(payloads: list[TaskPayload], worker: str) -> None:
+def run_prompts(runtime: WorkerRuntime, payloads: list[TaskPayload]) -> None:
     """Run the requests of one task message (one for an API call, several for a bulk job's
     chunk) on the engine at once, or take over the chains the delivery hook started for them;
     each outcome is published by the recorder.
@@ -163,11 +164,11 @@ def run_prompts(payloads: list[TaskPayload], worker: str) -> None:
     deadline passed before the engine got them), and GenerationError when the engine failed a
     request (so Celery logs and counts a failure; the others' results are published all the same).
     """
-    recorder, engine = get_recorder(), current_engine()
-    holds = take_holds([payload["request_id"] for payload in payloads])
+    recorder, engine, worker = runtime.recorder, runtime.engine, runtime.node
+    holds = runtime.take_holds([payload["request_id"] for payload in payloads])
     try:
         chains = [
-            take_prestart(payload["request_id"])
+            runtime.take_prestart(payload["request_id"])
             or start_prompt(payload, worker, recorder, engine, hold)
             for payload, hold in zip(payloads, holds, strict=True)
         ]

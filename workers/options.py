@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from workers.dispatch import DispatchMode
-from workers.runtime import EngineOptions
+from workers.engines import EngineOptions
 
 # flag → (EngineOptions field, type, help)
 _ENGINE_FLAGS: dict[str, tuple[str, type, str]] = {

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from workers import processes
 from workers.command import worker_argv
+from workers.engines import EngineOptions
 from workers.options import (
     SlotOptions,
     add_engine_arguments,
@@ -17,7 +18,6 @@ from workers.options import (
     engine_options,
     slot_options,
 )
-from workers.runtime import EngineOptions
 
 
 @dataclass(frozen=True)

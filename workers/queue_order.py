@@ -25,7 +25,6 @@ from contract.task import GENERATE_TASK
 from workers.dispatch import UNKNOWN_TIER, DispatchMode, TierPolicy, queue_order
 from workers.engine import GenerationRequest
 from workers.engine_budget import (
-    NO_HOLD,
     EngineBudget,
     EngineLimits,
     Hold,
@@ -158,6 +157,36 @@ class Dispatcher:
             if prestarts is not None:
                 prestarts.start(payload, queue, hold)
 
+    def plug_in(self) -> None:
+        """Order this process's BRPOPs and see every delivered message (before the Celery worker
+        starts: kombu's queue-order hook and the transport's delivery hook, celery_ext/)."""
+        use_queue_order(self)
+        on_delivery(self.on_delivery)
+
+    def unplug(self) -> None:
+        use_queue_order(None)
+        on_delivery(None)
+
+    def on_delivery(self, message: dict[str, Any], queue: str) -> None:
+        try:
+            self.delivered(message, queue)
+        except Exception:  # a message we cannot read still goes to Celery, which reports it
+            log.exception("could not count a message from %s against the engine budget", queue)
+
+    def take_prestart(self, request_id: str) -> Future[Any] | None:
+        """The chain the delivery hook started for this request, for its task to take over."""
+        return None if self.prestarts is None else self.prestarts.take(request_id)
+
+    def drop_prestarts(self, request_ids: list[str]) -> list[str]:
+        """Forget the chains started for a message that will not run (revoked, expired): each
+        ends by itself, its claim deciding. The ids that had no chain."""
+        return list(request_ids) if self.prestarts is None else self.prestarts.drop(request_ids)
+
+    def take_holds(self, request_ids: Sequence[str]) -> list[Hold]:
+        """The budget holds of requests a task is about to run (or drop): the caller releases
+        them."""
+        return self.budget.take(request_ids)
+
     def _wake(self) -> None:
         # Every tier was left out, so no BRPOP is pending and Celery's loop may sleep for
         # seconds: make it tick, and the next BRPOP asks the tier this release freed.
@@ -172,53 +201,3 @@ def message_payloads(message: dict[str, Any]) -> list[Any]:
         body = base64.b64decode(body)
     args = json.loads(body)[0]
     return list(args[0]) if args else []
-
-
-_dispatcher: Dispatcher | None = None
-
-
-def install(dispatcher: Dispatcher | None) -> None:
-    """Make `dispatcher` this process's (workers.serve, before the Celery worker starts)."""
-    global _dispatcher
-    _dispatcher = dispatcher
-    use_queue_order(dispatcher)
-    on_delivery(None if dispatcher is None else _on_delivery)
-
-
-def current() -> Dispatcher | None:
-    return _dispatcher
-
-
-def _on_delivery(message: dict[str, Any], queue: str) -> None:
-    dispatcher = _dispatcher
-    if dispatcher is None:
-        return
-    try:
-        dispatcher.delivered(message, queue)
-    except Exception:  # a message we cannot read still goes to Celery, which reports it
-        log.exception("could not count a message from %s against the engine budget", queue)
-
-
-def take_prestart(request_id: str) -> Future[Any] | None:
-    """The chain the delivery hook started for this request, for its task to take over."""
-    dispatcher = _dispatcher
-    if dispatcher is None or dispatcher.prestarts is None:
-        return None
-    return dispatcher.prestarts.take(request_id)
-
-
-def drop_prestarts(request_ids: list[str]) -> list[str]:
-    """Forget the chains started for a message that will not run (revoked, expired): each
-    ends by itself, its claim deciding. The ids that had no chain."""
-    dispatcher = _dispatcher
-    if dispatcher is None or dispatcher.prestarts is None:
-        return list(request_ids)
-    return dispatcher.prestarts.drop(request_ids)
-
-
-def take_holds(request_ids: Sequence[str]) -> list[Hold]:
-    """The budget holds of requests a task is about to run (or drop): the caller releases them."""
-    dispatcher = _dispatcher
-    if dispatcher is None:
-        return [NO_HOLD] * len(request_ids)
-    return dispatcher.budget.take(request_ids)

@@ -343,13 +343,7 @@ class Recorder:
         return True
 
 
-_recorder: Recorder | None = None
-_lock = threading.Lock()
-
-
-def get_recorder() -> Recorder:
-    global _recorder
-    with _lock:
-        if _recorder is None:
-            _recorder = Recorder(send_books, usage.flush, settings.LLMQUEUE_USAGE_FLUSH_SECONDS)
-        return _recorder
+def new_recorder() -> Recorder:
+    """A worker's recorder: books sent to Redis, usage counters flushed to the DB every
+    LLMQUEUE_USAGE_FLUSH_SECONDS (one per worker process: workers/runtime.py builds it)."""
+    return Recorder(send_books, usage.flush, settings.LLMQUEUE_USAGE_FLUSH_SECONDS)

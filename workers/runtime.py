@@ -1,74 +1,167 @@
-"""The worker process's one warm engine: built once at start, shared by every task slot."""
+"""One worker process's runtime: its engine, dispatcher, recorder and background jobs, built once.
+
+workers/serve.py builds it at bootstrap (`build_runtime`) and passes it to what needs it: the
+Celery task (`workers.tasks.serve_with`), kombu's queue order and delivery hook (the dispatcher
+plugs itself into celery_ext/), and Celery's ready and shutdown signals (`attach`). Nothing
+else in the worker holds process state.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
 
+from django.conf import settings
+
+from workers import cost
+from workers.batching import ContinuousEngine
+from workers.dispatch import DispatchMode
 from workers.engine import Engine
+from workers.engine_budget import EngineLimits, Hold, default_token_budget
+from workers.execution import start_delivered
+from workers.heartbeat import Heartbeat
+from workers.periodic import Periodic
+from workers.prestart import PreStarts
+from workers.queue_order import Dispatcher
+from workers.recorder import Recorder, new_recorder
+from workers.tier_settings import QueueFollower, load_tier_policies
+
+log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class EngineOptions:
-    """How a worker builds its engine (the `runworkers` / `workers.serve` flags)."""
+class Job(Protocol):
+    """A background thread of the worker, started once its consumer runs."""
 
-    kind: str = "vllm"  # "vllm" (GPU or CPU build) | "simulated"
-    model: str = ""
-    max_num_seqs: int = 64
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.9
-    in_process: bool = False
-    enforce_eager: bool = False
-    seed: int = 0
-    sim_time_scale: float = 1.0
-    sim_max_num_batched_tokens: int = 8192
-    cpu_threads: int = 0
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
-class EngineNotReady(RuntimeError):
-    pass
+@dataclass
+class WorkerRuntime:
+    """What one worker process holds. Its task slots, the delivery hook and the engine's
+    admission all reach the same engine, dispatcher and recorder through it."""
+
+    node: str
+    pool: str
+    engine: Engine
+    dispatcher: Dispatcher
+    recorder: Recorder
+    follower: QueueFollower
+    jobs: list[Job] = field(default_factory=list)
+
+    def take_prestart(self, request_id: str) -> Future[Any] | None:
+        return self.dispatcher.take_prestart(request_id)
+
+    def drop_prestarts(self, request_ids: list[str]) -> list[str]:
+        return self.dispatcher.drop_prestarts(request_ids)
+
+    def take_holds(self, request_ids: Sequence[str]) -> list[Hold]:
+        return self.dispatcher.take_holds(request_ids)
+
+    def refresh_tiers(self) -> None:
+        """Tier settings as the admin has them now; then (unless the worker was told its
+        queues) the pool's tier queues, so a new tier's policy is known before it is fetched."""
+        self.dispatcher.set_tiers(load_tier_policies())
+        if self.follower.pool:
+            self.follower.refresh()
+
+    def on_ready(self, consumer: Any) -> None:
+        """Celery's consumer runs: follow tiers through it, start beating and the jobs (only
+        now: /v1/models must not list a pool nobody consumes yet)."""
+        self.follower.consumer = consumer
+        for job in self.jobs:
+            job.start()
+
+    def on_shutdown(self) -> None:
+        for job in self.jobs:
+            job.stop()
+        self.dispatcher.unplug()
 
 
-_engine: Engine | None = None
+def build_dispatcher(
+    mode: DispatchMode, max_num_seqs: int, slots: int, token_budget: int
+) -> Dispatcher:
+    """The worker's dispatcher (workers/queue_order.py) with the tiers as they are now."""
+    budget = token_budget or default_token_budget(
+        max_num_seqs, settings.LLMQUEUE_TYPICAL_REQUEST_TOKENS
+    )
+    dispatcher = Dispatcher(
+        mode,
+        EngineLimits(max_num_seqs, slots, budget),
+        settings.LLMQUEUE_BYTES_PER_TOKEN,
+        settings.LLMQUEUE_HEADROOM_WINDOW_SECONDS,
+    )
+    dispatcher.set_tiers(load_tier_policies())
+    return dispatcher
 
 
-def build_engine(options: EngineOptions) -> Engine:
-    if options.kind == "simulated":
-        from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
+def build_runtime(
+    node: str,
+    pool: str,
+    engine: Engine,
+    dispatcher: Dispatcher,
+    queues: list[str],
+    follow_pool: bool,
+) -> WorkerRuntime:
+    """Wire one worker: each delivered request's chain starts at once (claimed as `node`),
+    the engine's admission asks the dispatcher, the dispatcher orders the BRPOPs; with
+    `follow_pool`, the pool's tier queues are consumed as tiers come and go."""
+    recorder = new_recorder()
+    runtime = WorkerRuntime(
+        node, pool, engine, dispatcher, recorder, QueueFollower(pool if follow_pool else "", queues)
+    )
+    dispatcher.prestarts = PreStarts(partial(start_delivered, node, recorder, engine))
+    if isinstance(engine, ContinuousEngine):
+        engine.admission = dispatcher.may_start
+    dispatcher.plug_in()
+    runtime.jobs = background_jobs(runtime)
+    return runtime
 
-        return SimulatedEngine(
-            SimulatedConfig(
-                model=options.model or "simulated",
-                max_num_seqs=options.max_num_seqs,
-                max_num_batched_tokens=options.sim_max_num_batched_tokens,
-                step_time=StepTimeModel(time_scale=options.sim_time_scale),
+
+def background_jobs(runtime: WorkerRuntime) -> list[Job]:
+    """The heartbeat (with the worker's counters, workers/cost.py), the tier refresh and, for
+    `ours`, the sweep of overdue queued requests."""
+    from llmqueue.redis_client import get_redis
+
+    cost.count_db_statements()
+    engine = runtime.engine
+    jobs: list[Job] = [
+        Heartbeat(
+            get_redis(),
+            runtime.pool,
+            runtime.node,
+            settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS,
+            stats=lambda: cost.snapshot(engine.stats()),
+        ),
+        Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, runtime.refresh_tiers),
+    ]
+    if runtime.dispatcher.mode is DispatchMode.OURS:
+        recorder = runtime.recorder
+        # Waits for each sweep, so a slow one delays the next instead of piling up behind it.
+        jobs.append(
+            Periodic(
+                "deadline-sweep",
+                settings.LLMQUEUE_DEADLINE_SWEEP_SECONDS,
+                lambda: recorder.sweep().result(),
             )
         )
-    if options.kind == "vllm":
-        from workers.vllm_engine import VllmConfig, VllmEngine
-
-        return VllmEngine(
-            VllmConfig(
-                model=options.model,
-                max_num_seqs=options.max_num_seqs,
-                dtype=options.dtype,
-                max_model_len=options.max_model_len,
-                gpu_memory_utilization=options.gpu_memory_utilization,
-                in_process=options.in_process,
-                enforce_eager=options.enforce_eager,
-                seed=options.seed,
-                cpu_threads=options.cpu_threads,
-            )
-        )
-    raise ValueError(f"unknown engine kind {options.kind!r} (expected 'vllm' or 'simulated')")
+    return jobs
 
 
-def install(engine: Engine | None) -> None:
-    global _engine
-    _engine = engine
+def attach(runtime: WorkerRuntime) -> None:
+    """Run `runtime`'s start and stop with Celery's worker (its ready and shutdown signals)."""
+    from celery.signals import worker_ready, worker_shutdown
 
+    def ready(sender: Any = None, **_: Any) -> None:
+        runtime.on_ready(sender)
 
-def current_engine() -> Engine:
-    if _engine is None:
-        raise EngineNotReady("this process has no engine; start it with `python -m workers.serve`")
-    return _engine
+    def shutdown(**_: Any) -> None:
+        runtime.on_shutdown()
+
+    worker_ready.connect(ready, weak=False)
+    worker_shutdown.connect(shutdown, weak=False)

@@ -15,13 +15,11 @@ import argparse
 import os
 import socket
 import sys
-from functools import partial
-from typing import Any
 
-from workers import runtime
 from workers.batching import ContinuousEngine
 from workers.dispatch import DispatchMode
 from workers.engine import Engine
+from workers.engines import build_engine
 from workers.options import (
     add_engine_arguments,
     add_slot_arguments,
@@ -71,73 +69,7 @@ def celery_argv(queues: list[str], slots: int, node: str, loglevel: str, events:
     return argv + (["--task-events"] if events else [])
 
 
-def _start_heartbeat(pool: str, node: str) -> None:
-    from celery.signals import worker_ready, worker_shutdown
-    from django.conf import settings
-
-    from llmqueue.redis_client import get_redis
-    from workers import cost
-    from workers.heartbeat import Heartbeat
-
-    engine = runtime.current_engine()
-    cost.count_db_statements()
-    beat = Heartbeat(
-        get_redis(),
-        pool,
-        node,
-        settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS,
-        stats=lambda: cost.snapshot(engine.stats()),
-    )
-
-    # Beat only once the consumer runs: /v1/models must not list a pool nobody consumes yet.
-    @worker_ready.connect(weak=False)
-    def _ready(**_: Any) -> None:
-        beat.start()
-
-    @worker_shutdown.connect(weak=False)
-    def _shutdown(**_: Any) -> None:
-        beat.stop()
-
-
-def _start_dispatcher(
-    mode: DispatchMode,
-    max_num_seqs: int,
-    slots: int,
-    token_budget: int,
-    queues: list[str],
-    node: str,
-    follow_pool: str = "",
-) -> None:
-    """Install this process's dispatcher (workers/queue_order.py) with the tiers as they are now,
-    and the threads that keep it current: tier settings re-read (and, with `follow_pool`, that
-    pool's tier queues consumed as tiers come and go), overdue requests swept. It starts each
-    delivered request's chain, claiming it as node `node`."""
-    from celery.signals import worker_ready, worker_shutdown
-    from django.conf import settings
-
-    from workers import queue_order
-    from workers.engine_budget import EngineLimits, default_token_budget
-    from workers.execution import start_delivered
-    from workers.periodic import Periodic
-    from workers.prestart import PreStarts
-    from workers.recorder import get_recorder
-    from workers.tier_settings import QueueFollower, load_tier_policies
-
-    budget = token_budget or default_token_budget(
-        max_num_seqs, settings.LLMQUEUE_TYPICAL_REQUEST_TOKENS
-    )
-    dispatcher = queue_order.Dispatcher(
-        mode,
-        EngineLimits(max_num_seqs, slots, budget),
-        settings.LLMQUEUE_BYTES_PER_TOKEN,
-        settings.LLMQUEUE_HEADROOM_WINDOW_SECONDS,
-    )
-    dispatcher.set_tiers(load_tier_policies())
-    engine = runtime.current_engine()
-    dispatcher.prestarts = PreStarts(partial(start_delivered, node, get_recorder(), engine))
-    if isinstance(engine, ContinuousEngine):
-        engine.admission = dispatcher.may_start
-    queue_order.install(dispatcher)
+def warn_fifo_over_queues(mode: DispatchMode, queues: list[str]) -> None:
     if mode is DispatchMode.FIFO and len(queues) > 1:
         print(
             f"llmqueue worker: --dispatch fifo over {len(queues)} queues takes them in turn "
@@ -145,31 +77,6 @@ def _start_dispatcher(
             "arrival order",
             file=sys.stderr,
         )
-    follower = QueueFollower(follow_pool, queues)
-
-    def refresh_tiers() -> None:
-        dispatcher.set_tiers(load_tier_policies())  # before a new tier's queue is consumed
-        if follow_pool:
-            follower.refresh()
-
-    jobs = [Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, refresh_tiers)]
-    if mode is DispatchMode.OURS:
-        sweep_seconds = settings.LLMQUEUE_DEADLINE_SWEEP_SECONDS
-        # Waits for each sweep, so a slow one delays the next instead of piling up behind it.
-        jobs.append(
-            Periodic("deadline-sweep", sweep_seconds, lambda: get_recorder().sweep().result())
-        )
-
-    @worker_ready.connect(weak=False)
-    def _ready(sender: Any = None, **_: Any) -> None:
-        follower.consumer = sender  # Celery's Consumer
-        for job in jobs:
-            job.start()
-
-    @worker_shutdown.connect(weak=False)
-    def _shutdown(**_: Any) -> None:
-        for job in jobs:
-            job.stop()
 
 
 def log_engine_steps(engine: Engine, path: str) -> None:
@@ -186,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    import workers.tasks  # noqa: F401  (registers the generate task with the app)
     from llmqueue.queueing.lanes import pool_queues
     from project.celery import app
+    from workers import runtime
+    from workers.tasks import serve_with
 
     node = args.node_name or f"{slot_opts.pool}@{socket.gethostname()}"
     given = [q for q in args.queues.split(",") if q]
@@ -197,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmqueue worker {node}: no queues (no tiers defined?)", file=sys.stderr)
         return 2
     try:
-        engine = runtime.build_engine(engine_opts)
+        engine = build_engine(engine_opts)
     except Exception as exc:
         print(
             f"llmqueue worker {node}: cannot load the {engine_opts.kind} engine for model "
@@ -207,18 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         return ENGINE_LOAD_FAILED
     if args.step_log:
         log_engine_steps(engine, args.step_log)
-    runtime.install(engine)
     slots = task_slots(slot_opts.slots, engine_opts.max_num_seqs)
-    _start_dispatcher(
-        DispatchMode(slot_opts.dispatch),
-        engine_opts.max_num_seqs,
-        slots,
-        slot_opts.token_budget,
-        queues,
-        node,
-        follow_pool="" if given else slot_opts.pool,  # --queues: exactly those, as told
+    mode = DispatchMode(slot_opts.dispatch)
+    dispatcher = runtime.build_dispatcher(
+        mode, engine_opts.max_num_seqs, slots, slot_opts.token_budget
     )
-    _start_heartbeat(slot_opts.pool, node)
+    # --queues: exactly those, as told; else the pool's tier queues as tiers come and go.
+    worker = runtime.build_runtime(node, slot_opts.pool, engine, dispatcher, queues, not given)
+    serve_with(worker)
+    runtime.attach(worker)
+    warn_fifo_over_queues(mode, queues)
     app.worker_main(celery_argv(queues, slots, node, slot_opts.loglevel, slot_opts.events))
     return 0
 

@@ -1,0 +1,56 @@
+"""Building a worker's one warm engine from its options: vLLM (GPU or CPU build) or simulated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workers.engine import Engine
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a worker builds its engine (the `runworkers` / `workers.serve` flags)."""
+
+    kind: str = "vllm"  # "vllm" (GPU or CPU build) | "simulated"
+    model: str = ""
+    max_num_seqs: int = 64
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    in_process: bool = False
+    enforce_eager: bool = False
+    seed: int = 0
+    sim_time_scale: float = 1.0
+    sim_max_num_batched_tokens: int = 8192
+    cpu_threads: int = 0
+
+
+def build_engine(options: EngineOptions) -> Engine:
+    if options.kind == "simulated":
+        from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
+
+        return SimulatedEngine(
+            SimulatedConfig(
+                model=options.model or "simulated",
+                max_num_seqs=options.max_num_seqs,
+                max_num_batched_tokens=options.sim_max_num_batched_tokens,
+                step_time=StepTimeModel(time_scale=options.sim_time_scale),
+            )
+        )
+    if options.kind == "vllm":
+        from workers.vllm_engine import VllmConfig, VllmEngine
+
+        return VllmEngine(
+            VllmConfig(
+                model=options.model,
+                max_num_seqs=options.max_num_seqs,
+                dtype=options.dtype,
+                max_model_len=options.max_model_len,
+                gpu_memory_utilization=options.gpu_memory_utilization,
+                in_process=options.in_process,
+                enforce_eager=options.enforce_eager,
+                seed=options.seed,
+                cpu_threads=options.cpu_threads,
+            )
+        )
+    raise ValueError(f"unknown engine kind {options.kind!r} (expected 'vllm' or 'simulated')")
