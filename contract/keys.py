@@ -1,4 +1,4 @@
-"""The Redis keys both programs touch: admission's books that workers settle, and worker beats.
+"""The Redis keys both programs touch: admission's books that workers settle, usage, worker beats.
 
 Admission (API) reserves from a tenant's buckets and counts its waiting requests; the worker's
 recorder refunds, feeds each queue's drain rate and engine lead, and uncounts the waiting. Every
@@ -34,3 +34,12 @@ def workers_key(pool: str) -> str:
 def worker_stats_key(pool: str) -> str:
     """A pool's workers' counters as of their last beat (a hash by node)."""
     return f"{PREFIX}:worker-stats:{pool}"
+
+
+USAGE_PREFIX = f"{PREFIX}:usage"
+
+
+def usage_key(tenant_id: int, tier_id: int, hour: int) -> str:
+    """A tenant's usage counters in a tier for one hour (epoch seconds at the hour's start):
+    admission counts rejections, the worker's recorder outcomes and tokens."""
+    return f"{USAGE_PREFIX}:{tenant_id}:{tier_id}:{hour}"

@@ -17,10 +17,10 @@ import redis
 from django.db import transaction
 from django.db.models import F
 
+from contract.keys import USAGE_PREFIX, usage_key
 from llmqueue.models import TenantUsage
 from llmqueue.redis_client import get_redis
 
-_PREFIX = "llmqueue:usage"
 COUNTER_TTL_SECONDS = 7 * 24 * 3600
 """How long an unflushed hour of counters survives in Redis (no flusher running meanwhile)."""
 
@@ -42,7 +42,7 @@ def hour_of(epoch: float) -> int:
 
 def counter_key(tenant_id: int, tier_id: int, now: float | None = None) -> str:
     hour = hour_of(time.time() if now is None else now)
-    return f"{_PREFIX}:{tenant_id}:{tier_id}:{hour}"
+    return usage_key(tenant_id, tier_id, hour)
 
 
 def count(
@@ -57,12 +57,12 @@ def count(
 
 
 def _parse_key(key: str) -> tuple[int, int, datetime]:
-    tenant_id, tier_id, hour = key[len(_PREFIX) + 1 :].split(":")
+    tenant_id, tier_id, hour = key[len(USAGE_PREFIX) + 1 :].split(":")
     return int(tenant_id), int(tier_id), datetime.fromtimestamp(int(hour), tz=UTC)
 
 
 def _keys(client: redis.Redis) -> Iterable[str]:
-    for key in client.scan_iter(match=f"{_PREFIX}:*", count=500):
+    for key in client.scan_iter(match=f"{USAGE_PREFIX}:*", count=500):
         yield key.decode() if isinstance(key, bytes) else key
 
 
