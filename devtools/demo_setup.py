@@ -75,9 +75,10 @@ def seed_tenant() -> str:
     tiers = ensure_default_tiers()
     ensure_served_model(name=MODEL_NAME, pool=POOL, context_length=2048, max_tokens=512)
     # Room for the whole burst at once, whatever the tenant defaults are.
-    _, key = create_tenant_with_key(
+    tenant, key = create_tenant_with_key(
         TENANT, tiers["interactive"], requests_per_second=100.0, burst=100
     )
+    tenant.allowed_tiers.add(tiers["batch"])  # `"service_tier": "flex"` runs on batch
     say(f"[4/7] tiers {', '.join(tiers)}; model {MODEL_NAME!r} on pool {POOL!r}; tenant {TENANT!r}")
     return key
 

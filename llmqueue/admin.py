@@ -33,6 +33,7 @@ class TierAdmin(admin.ModelAdmin):
         "default_max_tokens",
         "first_token_target_seconds",
         "completion_target_seconds",
+        "service_tier",
     )
     list_editable = (
         "priority", "weight", "max_wait_seconds", "max_queue_depth", "max_engine_share",
@@ -67,6 +68,7 @@ class TenantAdmin(admin.ModelAdmin):
     list_filter = ("tier", "is_active")
     list_editable = ("is_active",)
     search_fields = ("name",)
+    filter_horizontal = ("allowed_tiers",)
     inlines = [ApiKeyInline]
 
     @admin.display(description="usage")

@@ -22,6 +22,8 @@ DEFAULT_TIERS: dict[str, dict[str, object]] = {
         # A quarter of every engine stays free for interactive requests.
         "max_engine_share": 0.75,
         "completion_target_seconds": 600.0,
+        # OpenAI's flex processing: cheaper, slower, for work that can wait.
+        "service_tier": "flex",
     },
 }
 

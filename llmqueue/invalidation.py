@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from contract.keys import CONFIG_VERSION_KEY
 from llmqueue.redis_client import get_redis
@@ -65,3 +65,7 @@ def connect_signals() -> None:
         post_delete.connect(
             bump_config_version, sender=model, dispatch_uid=f"bump-del-{model.__name__}"
         )
+    # A tenant's allowed tiers change without a save of the tenant row.
+    m2m_changed.connect(
+        bump_config_version, sender=Tenant.allowed_tiers.through, dispatch_uid="bump-m2m-tiers"
+    )

@@ -37,19 +37,48 @@ class Tier(models.Model):
     completion_target_seconds = models.FloatField(
         null=True, blank=True, help_text="SLO: seconds from enqueue to the last token."
     )
+    service_tier = models.CharField(
+        max_length=16,
+        blank=True,
+        choices=[("default", "default"), ("flex", "flex"), ("priority", "priority")],
+        help_text="The OpenAI `service_tier` value that picks this tier (each value names at "
+        "most one tier). `auto`, and `default` when no tier claims it, pick the tenant's "
+        "default tier.",
+    )
 
     class Meta:
         ordering = ["priority", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["service_tier"],
+                condition=~models.Q(service_tier=""),
+                name="one_tier_per_service_tier",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name
 
 
 class Tenant(models.Model):
-    """A customer of the queue: bound to one tier, limited by its quotas."""
+    """A customer of the queue: a default tier and the others it may pick per request, limited
+    by its quotas."""
 
     name = models.CharField(max_length=100, unique=True)
-    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="tenants")
+    tier = models.ForeignKey(
+        Tier,
+        on_delete=models.PROTECT,
+        related_name="tenants",
+        verbose_name="default tier",
+        help_text="Where its requests go unless one picks another of its allowed tiers.",
+    )
+    allowed_tiers = models.ManyToManyField(
+        Tier,
+        blank=True,
+        related_name="allowed_tenants",
+        help_text="Tiers a request may pick besides the default, with OpenAI's `service_tier` "
+        "field or the X-LLMQueue-Tier header.",
+    )
     is_active = models.BooleanField(default=True)
     requests_per_second = models.FloatField(default=10.0)
     burst = models.PositiveIntegerField(default=20, help_text="Requests allowed at once.")

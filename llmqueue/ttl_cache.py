@@ -30,6 +30,13 @@ class TtlCache(Generic[K, V]):
             self._entries[key] = (now + self.ttl_seconds, value)
         return value
 
+    def reload(self, key: K, load: Callable[[K], V]) -> V:
+        """Load `key` now, whatever its entry's age, and keep the new value."""
+        value = load(key)
+        with self._lock:
+            self._entries[key] = (self._clock() + self.ttl_seconds, value)
+        return value
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

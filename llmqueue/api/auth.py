@@ -1,8 +1,8 @@
-"""Authentication: a bearer key becomes a Caller, a cached snapshot of its tenant and tier."""
+"""Authentication: a bearer key becomes a Caller, a cached snapshot of its tenant and tiers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -10,13 +10,41 @@ from django.http import HttpRequest
 from llmqueue.api.errors import Forbidden, Unauthenticated
 from llmqueue.apikeys import hash_key
 from llmqueue.invalidation import forget_on_config_change
-from llmqueue.models import ApiKey
+from llmqueue.models import ApiKey, Tier
 from llmqueue.ttl_cache import TtlCache
 
 
 @dataclass(frozen=True)
+class TierView:
+    """What the request path needs of a tier."""
+
+    id: int
+    name: str
+    priority: int
+    max_wait_seconds: int
+    first_token_target_seconds: float | None
+    default_max_tokens: int
+    max_queue_depth: int
+    service_tier: str  # the OpenAI `service_tier` value that picks it, or ""
+
+    @classmethod
+    def of(cls, tier: Tier) -> TierView:
+        return cls(
+            tier.pk,
+            tier.name,
+            tier.priority,
+            tier.max_wait_seconds,
+            tier.first_token_target_seconds,
+            tier.default_max_tokens,
+            tier.max_queue_depth,
+            tier.service_tier,
+        )
+
+
+@dataclass(frozen=True)
 class Caller:
-    """What admission needs about the key's tenant and tier, read from the DB at most every
+    """What admission needs about the key's tenant and the tier a request runs on (its default
+    tier until llmqueue/api/tiers.py picks another), read from the DB at most every
     LLMQUEUE_AUTH_CACHE_SECONDS."""
 
     key_id: int
@@ -36,6 +64,24 @@ class Caller:
     first_token_target_seconds: float | None
     default_max_tokens: int
     max_queue_depth: int
+    tiers: tuple[TierView, ...] = ()  # every tier there is, as of the snapshot
+    allowed_tiers: frozenset[str] = frozenset()  # the default tier and the tenant's others
+
+    def tier_named(self, name: str) -> TierView | None:
+        return next((t for t in self.tiers if t.name == name), None)
+
+    def on_tier(self, tier: TierView) -> Caller:
+        """This caller with its request on `tier` instead."""
+        return replace(
+            self,
+            tier_id=tier.id,
+            tier_name=tier.name,
+            tier_priority=tier.priority,
+            max_wait_seconds=tier.max_wait_seconds,
+            first_token_target_seconds=tier.first_token_target_seconds,
+            default_max_tokens=tier.default_max_tokens,
+            max_queue_depth=tier.max_queue_depth,
+        )
 
 
 _callers: TtlCache[str, Caller | None] = TtlCache(settings.LLMQUEUE_AUTH_CACHE_SECONDS)
@@ -46,6 +92,7 @@ def _load_caller(key_hash: str) -> Caller | None:
     if key is None:
         return None
     tenant, tier = key.tenant, key.tenant.tier
+    allowed = {tier.name, *tenant.allowed_tiers.values_list("name", flat=True)}
     return Caller(
         key_id=key.pk,
         tenant_id=tenant.pk,
@@ -64,6 +111,8 @@ def _load_caller(key_hash: str) -> Caller | None:
         first_token_target_seconds=tier.first_token_target_seconds,
         default_max_tokens=tier.default_max_tokens,
         max_queue_depth=tier.max_queue_depth,
+        tiers=tuple(TierView.of(t) for t in Tier.objects.all()),
+        allowed_tiers=frozenset(allowed),
     )
 
 
@@ -75,14 +124,16 @@ def bearer_token(request: HttpRequest) -> str:
     return token.strip()
 
 
-def authenticate(request: HttpRequest) -> Caller:
+def authenticate(request: HttpRequest, fresh: bool = False) -> Caller:
     """The request's Caller, or 401 (unknown/revoked key) / 403 (inactive tenant)."""
-    return caller_for_key(bearer_token(request))
+    return caller_for_key(bearer_token(request), fresh)
 
 
-def caller_for_key(plaintext: str) -> Caller:
-    """The Caller of an API key, or 401 / 403 as for an HTTP request."""
-    caller = _callers.get(hash_key(plaintext), _load_caller)
+def caller_for_key(plaintext: str, fresh: bool = False) -> Caller:
+    """The Caller of an API key, or 401 / 403 as for an HTTP request; `fresh`: read from the
+    database now rather than from this process's cache."""
+    key_hash = hash_key(plaintext)
+    caller = (_callers.reload if fresh else _callers.get)(key_hash, _load_caller)
     if caller is None:
         raise Unauthenticated("Incorrect API key provided.")
     if caller.key_revoked:

@@ -32,8 +32,11 @@ _SAMPLING_FIELDS = {
     "background",
     "deadline_seconds",
 }
-COMPLETION_FIELDS = frozenset(_SAMPLING_FIELDS | {"model", "prompt"})
-CHAT_FIELDS = frozenset(_SAMPLING_FIELDS | {"model", "messages", "max_completion_tokens"})
+# service_tier picks the request's tier before validation (llmqueue/api/tiers.py).
+COMPLETION_FIELDS = frozenset(_SAMPLING_FIELDS | {"model", "prompt", "service_tier"})
+CHAT_FIELDS = frozenset(
+    _SAMPLING_FIELDS | {"model", "messages", "max_completion_tokens", "service_tier"}
+)
 CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 MAX_STOP_SEQUENCES = 4
 

@@ -29,6 +29,7 @@ from llmqueue.api.errors import (
 )
 from llmqueue.api.responses import completion_body, models_body, request_body
 from llmqueue.api.results import Outcome, wait_for_outcome
+from llmqueue.api.tiers import TIER_HEADER, caller_on_tier
 from llmqueue.api.validation import wait_seconds
 from llmqueue.models import PromptRequest
 from llmqueue.queueing.routing import live_models, resolve_model
@@ -87,8 +88,12 @@ def _respond_with_outcome(
 def _serve_prompt(
     request: HttpRequest, parse: Callable[..., validation.PromptSpec]
 ) -> HttpResponse:
-    caller: Caller = authenticate(request)
     body = validation.parse_json_object(request.body)
+    caller: Caller = caller_on_tier(
+        lambda fresh: authenticate(request, fresh),
+        body.get("service_tier"),
+        request.headers.get(TIER_HEADER),
+    )
     route = resolve_model(validation.model_name(body))
     spec = parse(
         body,
