@@ -556,16 +556,16 @@ def comparison_section(data: dict[str, Any]) -> list[str]:
 def render(
     suite: dict[str, Any],
     data: dict[str, tuple[dict[str, Any] | None, str]],
-    comparison: dict[str, Any] | None = None,
+    comparisons: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The page: the header, the summary of figures vs goals, one section per bench, and the
-    latest side-by-side comparison. `data`: per bench, its JSON (or None) and why it is
-    missing."""
+    side-by-side comparisons. `data`: per bench, its JSON (or None) and why it is missing."""
     lines = [*header(suite), "## Figures vs goals", "", *summary_table(suite), ""]
     for name, entry in (suite.get("benches") or {}).items():
         bench_data, note = data.get(name, (None, "No result."))
         lines += bench_section(name, entry, bench_data, note)
-    lines += comparison_section(comparison or {})
+    for comparison in comparisons:
+        lines += comparison_section(comparison)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -583,8 +583,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.suite}: no suite results; run `make bench` first", file=sys.stderr)
         return 1
     data = {name: bench_json(entry) for name, entry in suite["benches"].items()}
-    compared = REPO / "bench" / "results" / "compare.json"
-    args.out.write_text(render(suite, data, read_json(compared) if compared.exists() else None))
+    compared = sorted((REPO / "bench" / "results").glob("compare*.json"))
+    args.out.write_text(render(suite, data, [read_json(path) for path in compared]))
     print(f"wrote {args.out}")
     return 0
 

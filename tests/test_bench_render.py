@@ -105,13 +105,15 @@ def test_a_side_by_side_comparison_shows_both_commits_medians_and_runs():
     page = render.render(
         synthetic_suite(),
         {},
-        {
-            "title": "restructure",
-            "commits": {"before": "aaaaaaa111", "after": "bbbbbbb222"},
-            "repeats": 2,
-            "command": "python -m bench.compare --before aaaaaaa",
-            "figures": figures,
-        },
+        [
+            {
+                "title": "restructure",
+                "commits": {"before": "aaaaaaa111", "after": "bbbbbbb222"},
+                "repeats": 2,
+                "command": "python -m bench.compare --before aaaaaaa",
+                "figures": figures,
+            }
+        ],
     )
     assert "## Side by side: restructure" in page
     assert "| latency | p50 ms | 7 | 6 | 6, 8; 7, 5 |" in page
