@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -72,16 +73,20 @@ class Caller:
 
     def on_tier(self, tier: TierView) -> Caller:
         """This caller with its request on `tier` instead."""
-        return replace(
-            self,
-            tier_id=tier.id,
-            tier_name=tier.name,
-            tier_priority=tier.priority,
-            max_wait_seconds=tier.max_wait_seconds,
-            first_token_target_seconds=tier.first_token_target_seconds,
-            default_max_tokens=tier.default_max_tokens,
-            max_queue_depth=tier.max_queue_depth,
-        )
+        return replace(self, **tier_fields(tier))
+
+
+def tier_fields(tier: TierView) -> dict[str, Any]:
+    """A Caller's fields that describe the tier its request runs on."""
+    return {
+        "tier_id": tier.id,
+        "tier_name": tier.name,
+        "tier_priority": tier.priority,
+        "max_wait_seconds": tier.max_wait_seconds,
+        "first_token_target_seconds": tier.first_token_target_seconds,
+        "default_max_tokens": tier.default_max_tokens,
+        "max_queue_depth": tier.max_queue_depth,
+    }
 
 
 _callers: TtlCache[str, Caller | None] = TtlCache(settings.LLMQUEUE_AUTH_CACHE_SECONDS)
@@ -104,13 +109,7 @@ def _load_caller(key_hash: str) -> Caller | None:
         burst=tenant.burst,
         tokens_per_minute=tenant.tokens_per_minute,
         max_tier_share=tenant.max_tier_share,
-        tier_id=tier.pk,
-        tier_name=tier.name,
-        tier_priority=tier.priority,
-        max_wait_seconds=tier.max_wait_seconds,
-        first_token_target_seconds=tier.first_token_target_seconds,
-        default_max_tokens=tier.default_max_tokens,
-        max_queue_depth=tier.max_queue_depth,
+        **tier_fields(TierView.of(tier)),
         tiers=tuple(TierView.of(t) for t in Tier.objects.all()),
         allowed_tiers=frozenset(allowed),
     )
