@@ -26,6 +26,13 @@ class ContextLengthExceeded(RequestRejected):
     code = "context_length_exceeded"
 
 
+class RequestCancelled(GenerationError):
+    """The request was cancelled (POST /v1/requests/{id}/cancel) before it finished: 409."""
+
+    code = "request_cancelled"
+
+
 FAILURES: dict[str, type[GenerationError]] = {
-    cls.code: cls for cls in (GenerationError, RequestRejected, ContextLengthExceeded)
+    cls.code: cls
+    for cls in (GenerationError, RequestRejected, ContextLengthExceeded, RequestCancelled)
 }

@@ -43,3 +43,8 @@ def usage_key(tenant_id: int, tier_id: int, hour: int) -> str:
     """A tenant's usage counters in a tier for one hour (epoch seconds at the hour's start):
     admission counts rejections, the worker's recorder outcomes and tokens."""
     return f"{USAGE_PREFIX}:{tenant_id}:{tier_id}:{hour}"
+
+
+# Pub/sub channel: each message is the id of a request just cancelled; every worker that holds
+# it in its engine aborts it at the next step.
+CANCEL_CHANNEL = f"{PREFIX}:cancelled"

@@ -18,6 +18,7 @@ from llmqueue.models import PromptRequest
 
 S = PromptRequest.Status
 EXPIRED_ERROR = "deadline passed before an engine took it"
+CANCELLED_ERROR = "cancelled by the caller"
 _TABLE = PromptRequest._meta.db_table
 
 
@@ -29,7 +30,7 @@ class Ended:
     tenant_id: int
     tier_id: int
     queue: str
-    outcome: str  # "succeeded" | "failed" | "expired"
+    outcome: str  # "succeeded" | "failed" | "expired" | "cancelled"
     reserved_tokens: int
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -143,6 +144,27 @@ def expire(
         sql += " AND deadline_at <= %s"
         params.append(now)
     return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
+
+
+def cancel(ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Ended]:
+    """Mark unfinished requests cancelled; returns the ones this call cancelled. A queued one is
+    never claimed now (claims take only queued and running rows); a running one's worker can
+    no longer record it (finishes are conditional on the row still running its attempt)."""
+    if not ids:
+        return {}
+    sql = (
+        f"UPDATE {_TABLE} SET status = %s, finished_at = %s, error = %s "
+        f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s)"
+    )
+    params: list[object] = [S.CANCELLED, now, CANCELLED_ERROR, *_db_ids(ids), S.QUEUED, S.RUNNING]
+    return {i: _cancelled(i, books) for i, books in _update_returning_books(sql, params).items()}
+
+
+def _cancelled(request_id: uuid.UUID, books: _Books) -> Ended:
+    return Ended(
+        request_id, books.tenant_id, books.tier_id, books.queue, "cancelled",
+        books.reserved_tokens, was_waiting=books.attempts == 0,
+    )  # fmt: skip
 
 
 def expire_overdue(now: datetime, limit: int = 500) -> dict[uuid.UUID, Ended]:

@@ -143,6 +143,31 @@ def test_an_aborted_request_fails_its_future_and_leaves_the_batch():
         engine.close()
 
 
+def test_a_cancelled_request_is_aborted_in_every_delivery_the_engine_holds_and_no_other():
+    from workers.batching import RequestAborted
+
+    engine = SimulatedEngine(
+        SimulatedConfig(max_num_seqs=4, step_time=StepTimeModel(time_scale=0.01))
+    )
+    try:
+        # Two deliveries of r1 (a redelivered duplicate may run beside the first), one of r10.
+        first, again, other = (
+            engine.submit(GenerationRequest(i, prompt="abcd", max_tokens=100_000))
+            for i in ("r1:aaa", "r1:bbb", "r10:ccc")
+        )
+        engine.abort_request("r1")
+        for future in (first, again):
+            with pytest.raises(RequestAborted):
+                future.result(timeout=10)
+        assert not other.done()  # "r10:" does not start with "r1:"
+        engine.abort_request("r10")
+        with pytest.raises(RequestAborted):
+            other.result(timeout=10)
+        assert engine.stats()["in_engine"] == 0
+    finally:
+        engine.close()
+
+
 def test_admission_parks_a_refused_request_until_the_engine_has_room_for_it():
     from concurrent.futures import Future
 

@@ -30,6 +30,13 @@ _Abort = str  # the id of a submitted request to drop
 Admission = Callable[[GenerationRequest, int, int], bool]
 
 
+@dataclasses.dataclass(frozen=True)
+class _AbortAll:
+    """An inbox item: drop every request whose engine id starts with `prefix`."""
+
+    prefix: str
+
+
 class RequestAborted(Exception):
     """The worker took the request back (`ContinuousEngine.abort`) before it finished."""
 
@@ -51,7 +58,7 @@ class ContinuousEngine:
     model_name = ""
 
     def __init__(self) -> None:
-        self._inbox: queue.SimpleQueue[_Arrival | _Abort | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Arrival | _Abort | _AbortAll | None] = queue.SimpleQueue()
         self._futures: dict[str, Future[GenerationResult]] = {}
         self.admission: Admission | None = None
         self._lanes: Counter[str] = Counter()  # requests in the engine per lane
@@ -86,6 +93,11 @@ class ContinuousEngine:
         """Drop a submitted request wherever it is (waiting or running): its future is cancelled
         at the engine's next step, and it generates nothing more."""
         self._inbox.put(request_id)
+
+    def abort_request(self, request_id: str) -> None:
+        """Drop every delivery of request `request_id` this engine holds (its engine ids are
+        `<request id>:<delivery>`, workers/prestart.py): it was cancelled."""
+        self._inbox.put(_AbortAll(f"{request_id}:"))
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -141,6 +153,10 @@ class ContinuousEngine:
         while item is not None:
             if isinstance(item, str):
                 self._drop(item)
+            elif isinstance(item, _AbortAll):
+                for request_id in [*self._futures, *self._parked]:
+                    if request_id.startswith(item.prefix):
+                        self._drop(request_id)
             else:
                 self._arrive(*item)
             try:

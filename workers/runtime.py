@@ -19,6 +19,7 @@ from django.conf import settings
 
 from workers import cost
 from workers.batching import ContinuousEngine
+from workers.cancellations import CancelListener
 from workers.dispatch import DispatchMode
 from workers.engine import Engine
 from workers.engine_budget import EngineLimits, Hold, default_token_budget
@@ -124,8 +125,8 @@ def build_runtime(
 
 
 def background_jobs(runtime: WorkerRuntime) -> list[Job]:
-    """The heartbeat (with the worker's counters, workers/cost.py), the tier refresh and, for
-    `ours`, the sweep of overdue queued requests."""
+    """The heartbeat (with the worker's counters, workers/cost.py), the tier refresh, the
+    cancel listener and, for `ours`, the sweep of overdue queued requests."""
     from llmqueue.redis_client import get_redis
 
     cost.count_db_statements()
@@ -140,6 +141,8 @@ def background_jobs(runtime: WorkerRuntime) -> list[Job]:
         ),
         Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, runtime.refresh_tiers),
     ]
+    if isinstance(engine, ContinuousEngine):
+        jobs.append(CancelListener(get_redis(), engine.abort_request))
     if runtime.dispatcher.mode is DispatchMode.OURS:
         recorder = runtime.recorder
         # Waits for each sweep, so a slow one delays the next instead of piling up behind it.

@@ -6,7 +6,7 @@ import math
 
 from django.http import JsonResponse
 
-from contract.failures import ContextLengthExceeded, RequestRejected
+from contract.failures import ContextLengthExceeded, RequestCancelled, RequestRejected
 
 
 class ApiError(Exception):
@@ -110,6 +110,14 @@ class WaitTimeout(ApiError):
     code = "wait_timeout"
 
 
+class Cancelled(ApiError):
+    """The request was cancelled before it finished; nothing more of it is generated."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "request_cancelled"
+
+
 class RequestExpired(ApiError):
     """The request's deadline passed before an engine took it; it was never generated."""
 
@@ -123,6 +131,8 @@ def failure_error(error_type: str, message: str, headers: dict[str, str]) -> Api
     the request's fault is a 4xx the caller can fix, the engine's a 500."""
     if error_type == ContextLengthExceeded.__name__:
         return PromptTooLarge(message, headers=headers)
+    if error_type == RequestCancelled.__name__:
+        return Cancelled(message, headers=headers)
     if error_type == RequestRejected.__name__:
         return BadRequest(message, code=RequestRejected.code, headers=headers)
     return GenerationFailed(f"Generation failed: {message}", headers=headers)

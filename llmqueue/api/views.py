@@ -31,6 +31,7 @@ from llmqueue.api.responses import completion_body, models_body, request_body
 from llmqueue.api.results import Outcome, wait_for_outcome
 from llmqueue.api.tiers import TIER_HEADER, caller_on_tier
 from llmqueue.api.validation import wait_seconds
+from llmqueue.cancellation import cancel_requests
 from llmqueue.models import PromptRequest
 from llmqueue.queueing.routing import live_models, resolve_model
 from llmqueue.queueing.submission import submit_prompt
@@ -134,8 +135,7 @@ def models(request: HttpRequest) -> HttpResponse:
     return JsonResponse(models_body(live_models()))
 
 
-@api_endpoint("GET")
-def request_status(request: HttpRequest, request_id: str) -> HttpResponse:
+def _own_request(request: HttpRequest, request_id: str) -> PromptRequest:
     caller = authenticate(request)
     try:
         key = uuid.UUID(request_id)
@@ -144,4 +144,22 @@ def request_status(request: HttpRequest, request_id: str) -> HttpResponse:
     row = PromptRequest.objects.filter(pk=key, tenant_id=caller.tenant_id).first() if key else None
     if row is None:  # another tenant's request is as unknown as a missing one
         raise NotFound(f"No request {request_id!r} for this API key.", code="request_not_found")
+    return row
+
+
+@api_endpoint("GET")
+def request_status(request: HttpRequest, request_id: str) -> HttpResponse:
+    return JsonResponse(request_body(_own_request(request, request_id)))
+
+
+@api_endpoint("POST")
+def cancel_request(request: HttpRequest, request_id: str) -> HttpResponse:
+    """Cancel a queued or running request; a finished one is answered as it is (its output is
+    kept). The status body either way."""
+    row = _own_request(request, request_id)
+    try:
+        cancel_requests([row.id])
+    except redis.RedisError:  # the row is cancelled: callers and workers learn it from the DB
+        log.warning("request %s cancelled, but Redis could not be told", row.id)
+    row.refresh_from_db()
     return JsonResponse(request_body(row))
