@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -15,6 +16,7 @@ from django.utils.html import format_html
 
 from llmqueue import usage
 from llmqueue.apikeys import assign_new_secret
+from llmqueue.cancellation import cancel_requests
 from llmqueue.invalidation import bump_config_version
 from llmqueue.models import ApiKey, PromptRequest, ServedModel, Tenant, TenantUsage, Tier
 
@@ -159,9 +161,24 @@ class PromptRequestAdmin(admin.ModelAdmin):
     date_hierarchy = "enqueued_at"
     list_select_related = ("tenant", "tier")
     readonly_fields = [f.name for f in PromptRequest._meta.fields]
+    actions = ["cancel_selected"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # requests come in through the API
+
+    @admin.action(description="Cancel selected requests (queued or running)")
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[PromptRequest]) -> None:
+        try:
+            cancelled = cancel_requests(list(queryset.values_list("pk", flat=True)))
+        except redis.RedisError:
+            self.message_user(
+                request,
+                "Cancelled in the database, but Redis could not be told: running ones finish "
+                "in their engine, and their reserved tokens come back with the bucket's refill.",
+                messages.WARNING,
+            )
+            return
+        self.message_user(request, f"Cancelled {len(cancelled)} request(s); finished ones kept.")
 
 
 @admin.register(TenantUsage)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import redis
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -80,3 +82,19 @@ def test_a_tenant_deactivated_in_the_admin_is_refused_by_the_running_server(
     assert saved.status_code == 302, saved.context["adminform"].form.errors
     statuses = [ask(live_server, seeded.key).status_code for _ in range(2)]
     assert statuses == [202, 403]
+
+
+def test_the_admin_cancels_queued_requests_and_keeps_finished_ones(
+    live_server, seeded: Seeded, clean_redis: redis.Redis, admin_client: Client
+):
+    pretend_live(clean_redis, "default")
+    ids = [ask(live_server, seeded.key, max_tokens=3).json()["id"] for _ in range(2)]
+    PromptRequest.objects.filter(pk=ids[1]).update(status=PromptRequest.Status.SUCCEEDED)
+    page = admin_client.post(
+        reverse("admin:llmqueue_promptrequest_changelist"),
+        {"action": "cancel_selected", ACTION_CHECKBOX_NAME: ids},
+        follow=True,
+    )
+    assert b"Cancelled 1 request(s); finished ones kept." in page.content
+    statuses = dict(PromptRequest.objects.values_list("pk", "status"))
+    assert [statuses[uuid.UUID(i)] for i in ids] == ["cancelled", "succeeded"]
