@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import redis
@@ -60,26 +62,41 @@ def test_strict_dispatch_serves_batch_only_after_interactive(
     assert tier_names_in_claim_order() == "i" * 6 + "b" * 4
 
 
-def most_generating_at_once(rows: list[PromptRequest]) -> int:
-    """The most of `rows` generating at one instant: between first token and finish (a request
-    parked in the worker, claimed but not in the engine yet, generates nothing)."""
-    edges = []
+def most_generating_at_once(rows: list[PromptRequest], step_log: Path) -> int:
+    """The most of `rows` in the engine's same step (a request parked in the worker, claimed but
+    not in the engine yet, generates nothing). Counted in engine steps from the worker's step log,
+    not from `finished_at`: that is stamped when the recorder writes the row, which may be after
+    the engine's next step has already given a newcomer its first token."""
+    step_of = {}
+    for line in step_log.read_text().splitlines():
+        number, _, ended = line.split()
+        step_of[round(float(ended) * 1e6)] = int(number)
+    per_step: Counter[int] = Counter()
     for row in rows:
-        assert row.first_token_at is not None and row.finished_at is not None
-        edges += [(row.first_token_at, 1), (row.finished_at, -1)]
-    most = now = 0
-    for _, step in sorted(edges, key=lambda edge: (edge[0], edge[1])):  # ends before starts
-        now += step
-        most = max(most, now)
-    return most
+        assert row.first_token_at is not None and row.completion_tokens is not None
+        micros = round(row.first_token_at.timestamp() * 1e6)
+        [first] = [step_of[at] for at in (micros - 1, micros, micros + 1) if at in step_of]
+        per_step.update(range(first, first + row.completion_tokens))  # one token per step
+    return max(per_step.values())
 
 
 def test_a_batch_backlog_never_holds_more_than_its_share_and_interactive_gets_in(
-    seeded: Seeded, start_worker: WorkerFactory
+    seeded: Seeded, start_worker: WorkerFactory, tmp_path: Path
 ):
     # 4 engine sequences, 8 task slots: with no interactive traffic yet, batch (share 0.75) may
     # have 3 in the engine (one sequence stays free) and the rest parked; ~0.3 s per request.
-    start_worker("default", *SIMULATED[:-1], "4", "--slots", "8", "--sim-time-scale", "1")
+    steps = tmp_path / "steps.log"
+    start_worker(
+        "default",
+        *SIMULATED[:-1],
+        "4",
+        "--slots",
+        "8",
+        "--sim-time-scale",
+        "1",
+        "--step-log",
+        str(steps),
+    )
     batch = submit(seeded.other_key, 12, max_tokens=40)
     running: list[int] = []
     interactive: uuid.UUID | None = None
@@ -91,7 +108,7 @@ def test_a_batch_backlog_never_holds_more_than_its_share_and_interactive_gets_in
         time.sleep(0.01)
     # Claimed: the engine's 3 and the parked ones; a task slot stays free for interactive.
     assert max(running) == 7
-    assert most_generating_at_once(list(PromptRequest.objects.filter(id__in=batch))) == 3
+    assert most_generating_at_once(list(PromptRequest.objects.filter(id__in=batch)), steps) == 3
     assert interactive is not None
     wait_until(lambda: PromptRequest.objects.get(id=interactive).status == S.SUCCEEDED, 10, "it")
     first = PromptRequest.objects.get(id=interactive)
