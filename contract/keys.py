@@ -48,3 +48,29 @@ def usage_key(tenant_id: int, tier_id: int, hour: int) -> str:
 # Pub/sub channel: each message is the id of a request just cancelled; every worker that holds
 # it in its engine aborts it at the next step.
 CANCEL_CHANNEL = f"{PREFIX}:cancelled"
+
+
+TOTALS_PREFIX = f"{PREFIX}:totals"
+
+
+def totals_key(tenant_id: int, tier_id: int) -> str:
+    """A tenant's counters in a tier since the start, never flushed: the same fields as usage
+    (admission and the recorder count both in one go), read by /metrics as Prometheus counters."""
+    return f"{TOTALS_PREFIX}:{tenant_id}:{tier_id}"
+
+
+LATENCY_PREFIX = f"{PREFIX}:latency"
+
+
+def latency_key(kind: str, tier_id: int) -> str:
+    """A tier's histogram of one latency `kind` since the start (contract/latency.py)."""
+    return f"{LATENCY_PREFIX}:{kind}:{tier_id}"
+
+
+def latency_window_key(kind: str, tier_id: int, minute: int) -> str:
+    """The same histogram for one minute only (epoch minute): sliding windows, the hour's plot."""
+    return f"{LATENCY_PREFIX}:{kind}:{tier_id}:{minute}"
+
+
+# API errors that are not admission's (4xx of bad input, 401, 404 ...), by code: a hash.
+API_ERRORS_KEY = f"{PREFIX}:totals:api-errors"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import redis
 
-from llmqueue import usage
+from llmqueue import latencies, usage
 from llmqueue.admission import books
 from llmqueue.lifecycle import Claim, Ended
 
@@ -38,6 +38,7 @@ def settle(pipe: redis.client.Pipeline, ended: list[Ended], now: float | None = 
         )
         if e.was_waiting and e.queue:
             pipe.decr(books.waiting_key(e.queue, e.tenant_id))
+    latencies.count(pipe, latencies.ended_observations(ended), now)
 
 
 def count_leads(pipe: redis.client.Pipeline, leads: list[tuple[str, float]]) -> None:
@@ -60,3 +61,4 @@ def count_claims(pipe: redis.client.Pipeline, claims: list[Claim]) -> None:
             tenants[c.tenant_id] = tenants.get(c.tenant_id, 0) + 1
     for queue, tenants in by_queue.items():
         books.record_drain(pipe, queue, sum(tenants.values()), tenants)
+    latencies.count(pipe, latencies.claim_observations(claims))

@@ -66,9 +66,10 @@ class TenantAdmin(admin.ModelAdmin):
         "tokens_per_minute",
         "max_tokens_per_request",
         "max_tier_share",
+        "track_in_metrics",
     )
-    list_filter = ("tier", "is_active")
-    list_editable = ("is_active",)
+    list_filter = ("tier", "is_active", "track_in_metrics")
+    list_editable = ("is_active", "track_in_metrics")
     search_fields = ("name",)
     filter_horizontal = ("allowed_tiers",)
     inlines = [ApiKeyInline]
@@ -184,7 +185,7 @@ class PromptRequestAdmin(admin.ModelAdmin):
 @admin.register(TenantUsage)
 class TenantUsageAdmin(admin.ModelAdmin):
     list_display = (
-        "hour", "tenant", "tier", "admitted", "succeeded", "failed", "expired",
+        "hour", "tenant", "tier", "admitted", "succeeded", "failed", "expired", "cancelled",
         "rejected_rate", "rejected_tokens", "rejected_tenant_share", "rejected_queue_full",
         "rejected_no_worker", "rejected_too_slow", "prompt_tokens", "completion_tokens",
     )  # fmt: skip

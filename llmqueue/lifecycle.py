@@ -11,10 +11,12 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import connection, transaction
 
 from llmqueue.models import PromptRequest
+from llmqueue.timings import NO_TIMING, Timing, epoch, timing_of
 
 S = PromptRequest.Status
 EXPIRED_ERROR = "deadline passed before an engine took it"
@@ -35,6 +37,7 @@ class Ended:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     was_waiting: bool = False  # no worker had claimed it: it still counted as waiting
+    timing: Timing = NO_TIMING
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class Claim:
     tenant_id: int = 0
     queue: str = ""
     ended: Ended | None = None
+    tier_id: int = 0
+    slack_seconds: float | None = None  # deadline − claim time, on a first claim
 
     @property
     def first(self) -> bool:
@@ -99,7 +104,10 @@ def _placeholders(n: int) -> str:
 
 
 # What every transition returns of the rows it changed: their books (see Ended).
-_BOOKS = "id, attempts, tenant_id, tier_id, queue, reserved_tokens"
+_BOOKS = (
+    "id, attempts, tenant_id, tier_id, queue, reserved_tokens, "
+    "enqueued_at, started_at, first_token_at, finished_at"
+)
 
 
 @dataclass(frozen=True)
@@ -109,21 +117,27 @@ class _Books:
     tier_id: int
     queue: str
     reserved_tokens: int
+    timing: Timing
+
+
+def _books(row: Sequence[Any]) -> tuple[uuid.UUID, _Books]:
+    """One row of _BOOKS's columns."""
+    i, attempts, tenant, tier, queue, reserved, *times = row
+    timing = timing_of(*times)
+    books = _Books(int(attempts), int(tenant), int(tier), str(queue), int(reserved), timing)
+    return uuid.UUID(str(i)), books
 
 
 def _update_returning_books(sql: str, params: list[object]) -> dict[uuid.UUID, _Books]:
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {_BOOKS}", params)
-        return {
-            uuid.UUID(str(i)): _Books(int(attempts), int(tenant), int(tier), queue, int(reserved))
-            for i, attempts, tenant, tier, queue, reserved in cursor.fetchall()
-        }
+        return dict(_books(row) for row in cursor.fetchall())
 
 
 def _expired(request_id: uuid.UUID, books: _Books) -> Ended:
     return Ended(
         request_id, books.tenant_id, books.tier_id, books.queue, "expired",
-        books.reserved_tokens, was_waiting=books.attempts == 0,
+        books.reserved_tokens, was_waiting=books.attempts == 0, timing=books.timing,
     )  # fmt: skip
 
 
@@ -163,7 +177,7 @@ def cancel(ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Ended]:
 def _cancelled(request_id: uuid.UUID, books: _Books) -> Ended:
     return Ended(
         request_id, books.tenant_id, books.tier_id, books.queue, "cancelled",
-        books.reserved_tokens, was_waiting=books.attempts == 0,
+        books.reserved_tokens, was_waiting=books.attempts == 0, timing=books.timing,
     )  # fmt: skip
 
 
@@ -205,26 +219,31 @@ def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUI
     sql = (
         f"UPDATE {_TABLE} SET {', '.join(f'{c} = {e}' for c, e in sets.items())} "
         f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s) "
-        f"RETURNING status, {_BOOKS}"
+        f"RETURNING status, deadline_at, {_BOOKS}"
     )
     params += [*_db_ids(ids), S.QUEUED, S.RUNNING]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = {
-            uuid.UUID(str(i)): (status, _Books(int(a), int(tenant), int(tier), queue, int(r)))
-            for status, i, a, tenant, tier, queue, r in cursor.fetchall()
-        }
+        rows = {}
+        for status, deadline, *books_row in cursor.fetchall():
+            i, books = _books(books_row)
+            rows[i] = (status, epoch(deadline), books)
     claims = {}
     for i in ids:
         if i not in rows:
             claims[i] = Claim(i, None)
             continue
-        status, books = rows[i]
+        status, deadline, books = rows[i]
         if status == S.EXPIRED:
             ended = _expired(i, books)
-            claims[i] = Claim(i, None, True, books.tenant_id, books.queue, ended)
-        else:
-            claims[i] = Claim(i, books.attempts, False, books.tenant_id, books.queue)
+            claims[i] = Claim(i, None, True, books.tenant_id, books.queue, ended, books.tier_id)
+            continue
+        slack = None
+        if books.attempts == 1 and deadline is not None:
+            slack = deadline - now.timestamp()
+        claims[i] = Claim(
+            i, books.attempts, False, books.tenant_id, books.queue, None, books.tier_id, slack
+        )
     return claims
 
 
@@ -287,6 +306,7 @@ def _finish_batch(outcomes: Sequence[Finish], now: datetime) -> dict[uuid.UUID, 
             books.reserved_tokens,
             by_id[i].prompt_tokens or 0,
             by_id[i].completion_tokens or 0,
+            timing=books.timing,
         )
         for i, books in _update_returning_books(sql, params).items()
     }

@@ -89,6 +89,11 @@ class Tenant(models.Model):
         validators=[MinValueValidator(0.01), MaxValueValidator(1.0)],
         help_text="Share of its tier's queue depth this tenant's waiting requests may fill.",
     )
+    track_in_metrics = models.BooleanField(
+        default=False,
+        help_text="Give this tenant its own label in /metrics (others are counted as "
+        'tenant="other"): labels stay bounded however many tenants there are.',
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -212,6 +217,7 @@ class TenantUsage(models.Model):
     succeeded = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
     expired = models.PositiveBigIntegerField(default=0)
+    cancelled = models.PositiveBigIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
 

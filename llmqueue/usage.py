@@ -17,7 +17,7 @@ import redis
 from django.db import transaction
 from django.db.models import F
 
-from contract.keys import USAGE_PREFIX, usage_key
+from contract.keys import USAGE_PREFIX, totals_key, usage_key
 from llmqueue.models import TenantUsage
 from llmqueue.redis_client import get_redis
 
@@ -48,11 +48,13 @@ def counter_key(tenant_id: int, tier_id: int, now: float | None = None) -> str:
 def count(
     pipe: redis.client.Pipeline, tenant_id: int, tier_id: int, counts: dict[str, int]
 ) -> None:
-    """Queue on `pipe` increments of usage fields (e.g. {"succeeded": 1, "prompt_tokens": 12})."""
-    key = counter_key(tenant_id, tier_id)
+    """Queue on `pipe` increments of usage fields (e.g. {"succeeded": 1, "prompt_tokens": 12}),
+    in the hour's counters and in the never-flushed totals /metrics reads."""
+    key, totals = counter_key(tenant_id, tier_id), totals_key(tenant_id, tier_id)
     for field, amount in counts.items():
         if amount:
             pipe.hincrby(key, field, amount)
+            pipe.hincrby(totals, field, amount)
     pipe.expire(key, COUNTER_TTL_SECONDS)
 
 

@@ -30,6 +30,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The admin's CSS and JS under the production server (granian serves no files): collected
+    # into STATIC_ROOT by `manage.py collectstatic`, served with far-future caching headers.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,7 +91,13 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = STATE_DIR / "static"
+STATIC_ROOT = env.path("STATIC_ROOT", default=STATE_DIR / "static")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # gzip copies made once by collectstatic. Not the manifest (hashed names) storage: with it
+    # every page fails to render until collectstatic has run, the tests' and the demo's too.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 LOGGING = {
     "version": 1,
@@ -207,3 +216,15 @@ LLMQUEUE_SHARED_QUEUE = env.bool("LLMQUEUE_SHARED_QUEUE", default=False)
 """Publish every tier of a pool to one queue (`<pool>.all-tiers`) instead of one per tier: the
 arrival-order baseline for `--dispatch fifo`. Must be the same on API and workers; each tier's
 max_queue_depth then caps the shared queue."""
+
+# --- metrics (/metrics, docs/OPERATIONS.md) ---------------------------------------------------
+LLMQUEUE_METRICS_TOKEN = env.str("LLMQUEUE_METRICS_TOKEN", default="")
+"""Bearer token Prometheus sends to /metrics (`Authorization: Bearer ...`). Empty: only the
+addresses of LLMQUEUE_METRICS_ALLOW_IPS may scrape. The figures name tenants and tiers and show
+load: never open to callers."""
+LLMQUEUE_METRICS_ALLOW_IPS = env.list("LLMQUEUE_METRICS_ALLOW_IPS", default=["127.0.0.1", "::1"])
+"""Client addresses (REMOTE_ADDR) that may scrape /metrics without the token: a Prometheus on the
+same host by default. Behind a proxy REMOTE_ADDR is the proxy's: use the token there."""
+LLMQUEUE_METRICS_SLO_WINDOW_SECONDS = env.float("LLMQUEUE_METRICS_SLO_WINDOW_SECONDS", default=300)
+"""The sliding window of llmqueue_slo_attainment (first token within the tier's target), in
+whole minutes: five of them smooth a burst's few requests without hiding a trend for long."""

@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from contract import liveness
-from llmqueue.models import PromptRequest, Tenant
+from llmqueue import usage
+from llmqueue.models import PromptRequest, Tenant, TenantUsage
 from tests.conftest import (
     SIMULATED,
     Seeded,
@@ -62,6 +63,9 @@ def test_a_queued_request_cancelled_never_runs_and_gives_its_tokens_back(
     wait_until(lambda: queued_messages(clean_redis) == 0, 20, "both messages to be dropped")
     rows = list(PromptRequest.objects.values_list("status", "attempts", "output_text"))
     assert rows == [(S.CANCELLED, 0, ""), (S.CANCELLED, 0, "")]
+    usage.flush(clean_redis)  # counted as cancelled in the tenant's usage, once each
+    counted = TenantUsage.objects.filter(tenant_id=seeded.tenant_id)
+    assert sum(counted.values_list("cancelled", flat=True)) == 2
 
 
 def test_a_running_request_is_aborted_in_the_engine_and_never_recorded(

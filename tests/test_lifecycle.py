@@ -11,6 +11,7 @@ from django.utils import timezone
 from llmqueue import lifecycle
 from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers
 from llmqueue.models import PromptRequest
+from llmqueue.timings import Timing
 
 pytestmark = pytest.mark.django_db
 S = PromptRequest.Status
@@ -31,6 +32,13 @@ def make_request(deadline_seconds: float = 60) -> PromptRequest:
         enqueued_at=now,
         deadline_at=now + timedelta(seconds=deadline_seconds),
     )
+
+
+def timing_of(row: PromptRequest) -> Timing:
+    """The times a transition returns for `row`, read back from the DB."""
+    row.refresh_from_db()
+    times = (row.enqueued_at, row.started_at, row.first_token_at, row.finished_at)
+    return Timing(*(None if t is None else t.timestamp() for t in times))
 
 
 def done(request_id: uuid.UUID, attempt: int, text: str = "out") -> lifecycle.Finish:
@@ -66,9 +74,13 @@ def test_overdue_request_is_expired_not_claimed():
     claim = lifecycle.claim([row.id], "w1", timezone.now())[row.id]
     # Its books go back with it: never claimed, so it counted as waiting in its queue.
     ended = lifecycle.Ended(
-        row.id, row.tenant_id, row.tier_id, "default.interactive", "expired", 50, was_waiting=True
+        row.id, row.tenant_id, row.tier_id, "default.interactive", "expired", 50,
+        was_waiting=True, timing=timing_of(row),
+    )  # fmt: skip
+    assert claim == lifecycle.Claim(
+        row.id, None, True, row.tenant_id, row.queue, ended, row.tier_id
     )
-    assert claim == lifecycle.Claim(row.id, None, True, row.tenant_id, row.queue, ended)
+    assert ended.timing.started is None and ended.timing.finished is not None
     row.refresh_from_db()
     assert (row.status, row.attempts, row.started_at) == (S.EXPIRED, 0, None)
     assert row.finished_at is not None
@@ -91,10 +103,17 @@ def test_batched_claims_mix_outcomes():
     lifecycle.finish([done(finished.id, 1)], now)
     claims = lifecycle.claim([fresh.id, overdue.id, finished.id], "w1", now)
     tenant, queue = fresh.tenant_id, "default.interactive"
-    expired = lifecycle.Ended(overdue.id, tenant, fresh.tier_id, queue, "expired", 50, 0, 0, True)
+    expired = lifecycle.Ended(
+        overdue.id, tenant, fresh.tier_id, queue, "expired", 50, 0, 0, True, timing_of(overdue)
+    )
+    # A first claim says how far from its deadline the request was taken.
+    slack = (fresh.deadline_at - now).total_seconds()
+    assert claims[fresh.id].slack_seconds == pytest.approx(slack, abs=1e-5)
     assert claims == {
-        fresh.id: lifecycle.Claim(fresh.id, 1, False, tenant, queue),
-        overdue.id: lifecycle.Claim(overdue.id, None, True, tenant, queue, expired),
+        fresh.id: lifecycle.Claim(
+            fresh.id, 1, False, tenant, queue, None, fresh.tier_id, claims[fresh.id].slack_seconds
+        ),
+        overdue.id: lifecycle.Claim(overdue.id, None, True, tenant, queue, expired, fresh.tier_id),
         finished.id: lifecycle.Claim(finished.id, None),
     }
     assert claims[fresh.id].first and not claims[finished.id].first
@@ -162,7 +181,7 @@ def test_sweep_expires_only_queued_requests_past_their_deadline_oldest_first():
     assert first.keys() == {overdue[0].id, overdue[1].id}
     assert first[overdue[0].id] == lifecycle.Ended(
         overdue[0].id, overdue[0].tenant_id, overdue[0].tier_id, "default.interactive",
-        "expired", 50, was_waiting=True,
+        "expired", 50, was_waiting=True, timing=timing_of(overdue[0]),
     )  # fmt: skip
     assert lifecycle.expire_overdue(now).keys() == {overdue[2].id}
     assert lifecycle.expire_overdue(now) == {}

@@ -98,17 +98,24 @@ def _revoked(request_id: uuid.UUID) -> tuple[str, Any, str]:
     return str(request_id), TaskRevokedError(EXPIRED_REASON), states.REVOKED
 
 
-def result_of(outcome: lifecycle.Finish) -> tuple[Any, str]:
-    """The value and state the result backend stores for an outcome."""
+def result_of(outcome: lifecycle.Finish, queue_seconds: float | None = None) -> tuple[Any, str]:
+    """The value and state the result backend stores for an outcome; `queue_seconds` (admission
+    to claim) goes to the caller as X-LLMQueue-Queue-Seconds."""
     if outcome.succeeded:
         return {
             "text": outcome.output_text,
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
             "finish_reason": outcome.finish_reason,
+            "queue_seconds": queue_seconds,
         }, states.SUCCESS
     failure = FAILURES.get(outcome.error_code, GenerationError)
     return failure(outcome.error), states.FAILURE
+
+
+def queued_seconds(ended: lifecycle.Ended) -> float | None:
+    t = ended.timing
+    return t.since_enqueued(t.started)
 
 
 class Recorder:
@@ -277,7 +284,9 @@ class Recorder:
     def _finishes(self, batch: list[_Job]) -> None:
         won = lifecycle.finish([j[1] for j in batch], timezone.now())
         results = [
-            (str(j[1].request_id), *result_of(j[1])) for j in batch if j[1].request_id in won
+            (str(o.request_id), *result_of(o, queued_seconds(won[o.request_id])))
+            for o in (j[1] for j in batch)
+            if o.request_id in won
         ]
         leads = [
             (won[o.request_id].queue, o.engine_lead_seconds)

@@ -54,6 +54,24 @@ class WorkerRuntime:
     recorder: Recorder
     follower: QueueFollower
     jobs: list[Job] = field(default_factory=list)
+    info: dict[str, str] = field(default_factory=dict)  # engine, model: what /metrics labels
+
+    def stats(self) -> dict[str, Any]:
+        """What the heartbeat publishes: the worker's costs (workers/cost.py), its engine's
+        counters, what it runs and how full its budget is (llmqueue_engine_* in /metrics)."""
+        budget = self.dispatcher.budget
+        limits = budget.limits
+        info = {
+            **self.info,
+            "max_num_seqs": str(limits.max_num_seqs),
+            "slots": str(limits.task_slots),
+            "dispatch": self.dispatcher.mode.value,
+        }
+        return {
+            **cost.snapshot(self.engine.stats()),
+            "info": info,
+            "budget": {"tokens": budget.tokens, "token_budget": limits.token_budget},
+        }
 
     def take_prestart(self, request_id: str) -> Future[Any] | None:
         return self.dispatcher.take_prestart(request_id)
@@ -108,6 +126,7 @@ def build_runtime(
     dispatcher: Dispatcher,
     queues: list[str],
     follow_pool: bool,
+    info: dict[str, str] | None = None,
 ) -> WorkerRuntime:
     """Wire one worker: each delivered request's chain starts at once (claimed as `node`),
     the engine's admission asks the dispatcher, the dispatcher orders the BRPOPs; with
@@ -116,6 +135,7 @@ def build_runtime(
     runtime = WorkerRuntime(
         node, pool, engine, dispatcher, recorder, QueueFollower(pool if follow_pool else "", queues)
     )
+    runtime.info = dict(info or {})
     dispatcher.prestarts = PreStarts(partial(start_delivered, node, recorder, engine))
     if isinstance(engine, ContinuousEngine):
         engine.admission = dispatcher.may_start
@@ -137,7 +157,7 @@ def background_jobs(runtime: WorkerRuntime) -> list[Job]:
             runtime.pool,
             runtime.node,
             settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS,
-            stats=lambda: cost.snapshot(engine.stats()),
+            stats=runtime.stats,
         ),
         Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, runtime.refresh_tiers),
     ]

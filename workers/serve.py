@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         mode, engine_opts.max_num_seqs, slots, slot_opts.token_budget
     )
     # --queues: exactly those, as told; else the pool's tier queues as tiers come and go.
-    worker = runtime.build_runtime(node, slot_opts.pool, engine, dispatcher, queues, not given)
+    info = {"engine": engine_opts.kind, "model": engine_opts.model}
+    worker = runtime.build_runtime(
+        node, slot_opts.pool, engine, dispatcher, queues, not given, info
+    )
     serve_with(worker)
     runtime.attach(worker)
     warn_fifo_over_queues(mode, queues)

@@ -106,6 +106,16 @@ def drain_tau_seconds() -> float:
     return float(settings.LLMQUEUE_DRAIN_HALF_LIFE_SECONDS) / math.log(2)
 
 
+def drain_rate(fields: list[Any], now: float, tau: float) -> float:
+    """A queue's drain rate (requests/s) from its drain hash's count, ts and since, as the
+    admission script computes it (decision.py, same formula) for readers outside the script."""
+    count, ts, since = (None if v is None else float(v) for v in (fields + [None] * 3)[:3])
+    if count is None or ts is None or now - ts >= 3 * tau:
+        return 0.0
+    span = max(MIN_DRAIN_SPAN_SECONDS, now - (since if since is not None else now - 100 * tau))
+    return count * math.exp(-(now - ts) / tau) / (tau * (1 - math.exp(-span / tau)))
+
+
 def now_arg(now: float | None) -> str:
     return "" if now is None else repr(now)
 

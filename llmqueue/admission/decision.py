@@ -23,7 +23,7 @@ from typing import Any
 from django.conf import settings
 
 from contract import liveness
-from contract.keys import CONFIG_VERSION_KEY, bucket_key, drain_key, waiting_key
+from contract.keys import CONFIG_VERSION_KEY, bucket_key, drain_key, totals_key, waiting_key
 from llmqueue import usage
 from llmqueue.admission.books import LUA_NOW, MIN_DRAIN_SPAN_SECONDS, drain_tau_seconds, now_arg
 from llmqueue.queueing.deadline_order import LUA_DEADLINES, WALK_LIMIT
@@ -55,6 +55,7 @@ local version = redis.call('GET', KEYS[7]) or '0'
 local function reject(reason, retry_after, rate, ahead, wait)
   redis.call('HINCRBY', KEYS[6], 'rejected_' .. reason, 1)
   redis.call('EXPIRE', KEYS[6], usage_ttl)
+  redis.call('HINCRBY', KEYS[9], 'rejected_' .. reason, 1)
   return {reason, tostring(retry_after), version, tostring(rate), ahead, tostring(wait or -1)}
 end
 
@@ -154,6 +155,7 @@ redis.call('INCR', KEYS[8])
 redis.call('EXPIRE', KEYS[8], usage_ttl)
 redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 redis.call('EXPIRE', KEYS[6], usage_ttl)
+redis.call('HINCRBY', KEYS[9], 'admitted', 1)
 return {'', '0', version, tostring(rate), ahead, '-1'}
 """
 )
@@ -241,6 +243,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         usage.counter_key(limits.tenant_id, limits.tier_id, now),
         CONFIG_VERSION_KEY,
         waiting_key(limits.queue, limits.tenant_id),
+        totals_key(limits.tenant_id, limits.tier_id),
     ]
     tenant_depth = max(1, math.floor(limits.max_queue_depth * limits.max_tier_share))
     args = [

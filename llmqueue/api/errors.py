@@ -35,6 +35,9 @@ class ApiError(Exception):
         self.param = param
         self.retry_after_seconds = retry_after_seconds
         self.headers = headers or {}
+        # An outcome a worker recorded (a 409 cancelled, a 413 found by the tokenizer) is
+        # counted with the request's outcome, not again as a refusal.
+        self.from_outcome = False
 
 
 class BadRequest(ApiError):
@@ -129,13 +132,25 @@ class RequestExpired(ApiError):
 def failure_error(error_type: str, message: str, headers: dict[str, str]) -> ApiError:
     """The API error for a failure a worker published (contract/failures.py), by its type name:
     the request's fault is a 4xx the caller can fix, the engine's a 500."""
+    error: ApiError
     if error_type == ContextLengthExceeded.__name__:
-        return PromptTooLarge(message, headers=headers)
-    if error_type == RequestCancelled.__name__:
-        return Cancelled(message, headers=headers)
-    if error_type == RequestRejected.__name__:
-        return BadRequest(message, code=RequestRejected.code, headers=headers)
-    return GenerationFailed(f"Generation failed: {message}", headers=headers)
+        error = PromptTooLarge(message, headers=headers)
+    elif error_type == RequestCancelled.__name__:
+        error = Cancelled(message, headers=headers)
+    elif error_type == RequestRejected.__name__:
+        error = BadRequest(message, code=RequestRejected.code, headers=headers)
+    else:
+        error = GenerationFailed(f"Generation failed: {message}", headers=headers)
+    error.from_outcome = True
+    return error
+
+
+def is_client_error(error: ApiError) -> bool:
+    """A refusal of the request as sent (4xx) that admission's script did not count (its 429s
+    and 503s) and that is not a recorded outcome: what llmqueue_api_errors counts."""
+    return (
+        400 <= error.status < 500 and error.status != RateLimited.status and not error.from_outcome
+    )
 
 
 def error_response(error: ApiError) -> JsonResponse:

@@ -26,12 +26,14 @@ from llmqueue.api.errors import (
     WaitTimeout,
     error_response,
     failure_error,
+    is_client_error,
 )
 from llmqueue.api.responses import completion_body, models_body, request_body
 from llmqueue.api.results import Outcome, wait_for_outcome
 from llmqueue.api.tiers import TIER_HEADER, caller_on_tier
 from llmqueue.api.validation import wait_seconds
 from llmqueue.cancellation import cancel_requests
+from llmqueue.metrics.api_errors import count_api_error
 from llmqueue.models import PromptRequest
 from llmqueue.queueing.routing import live_models, resolve_model
 from llmqueue.queueing.submission import submit_prompt
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-LLMQueue-Request-Id"
 BACKGROUND_HEADER = "X-LLMQueue-Background"
 DEADLINE_HEADER = "X-LLMQueue-Deadline-Seconds"
+# How long the request waited between admission and a worker's claim, in seconds.
+QUEUE_SECONDS_HEADER = "X-LLMQueue-Queue-Seconds"
 
 View = Callable[..., HttpResponse]
 
@@ -56,6 +60,8 @@ def api_endpoint(method: str) -> Callable[[View], View]:
                     raise MethodNotAllowed(f"Use {method} for this endpoint.")
                 return view(request, *args, **kwargs)
             except ApiError as error:
+                if is_client_error(error):
+                    count_api_error(error.code)
                 return error_response(error)
             except Exception:
                 log.exception("unhandled error in %s", view.__name__)
@@ -77,6 +83,9 @@ def _respond_with_outcome(
             headers=headers,
         )
     if outcome.state == states.SUCCESS and outcome.result is not None:
+        queued = outcome.result.get("queue_seconds")
+        if queued is not None:
+            headers[QUEUE_SECONDS_HEADER] = f"{queued:.3f}"
         return JsonResponse(completion_body(row, outcome.result), headers=headers)
     if outcome.state == states.REVOKED:
         raise RequestExpired(
@@ -149,7 +158,12 @@ def _own_request(request: HttpRequest, request_id: str) -> PromptRequest:
 
 @api_endpoint("GET")
 def request_status(request: HttpRequest, request_id: str) -> HttpResponse:
-    return JsonResponse(request_body(_own_request(request, request_id)))
+    row = _own_request(request, request_id)
+    headers = {}
+    if row.started_at is not None:
+        queued = max(0.0, (row.started_at - row.enqueued_at).total_seconds())
+        headers[QUEUE_SECONDS_HEADER] = f"{queued:.3f}"
+    return JsonResponse(request_body(row), headers=headers)
 
 
 @api_endpoint("POST")

@@ -1,0 +1,1 @@
+"""What operators watch: the queue's state as Prometheus metrics, read from Redis and the DB."""
