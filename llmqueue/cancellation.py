@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from contract.failures import RequestCancelled
 from contract.keys import CANCEL_CHANNEL
-from llmqueue import accounting, lifecycle, lua
+from llmqueue import accounting, lifecycle, lifecycle_events, lua
 from llmqueue.lifecycle import Ended
 from project.celery import app
 
@@ -28,6 +28,7 @@ def cancel_requests(ids: list[uuid.UUID]) -> dict[uuid.UUID, Ended]:
     truth), a waiting caller then hears it at its wait's end, and workers at their next claim."""
     ended = lifecycle.cancel(ids, timezone.now())
     if ended:
+        lifecycle_events.log_ended(ended.values())
         tell(list(ended.values()))
     return ended
 

@@ -54,6 +54,7 @@ class Claim:
     ended: Ended | None = None
     tier_id: int = 0
     slack_seconds: float | None = None  # deadline − claim time, on a first claim
+    queued_seconds: float | None = None  # admission → this claim
 
     @property
     def first(self) -> bool:
@@ -241,9 +242,11 @@ def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUI
         slack = None
         if books.attempts == 1 and deadline is not None:
             slack = deadline - now.timestamp()
+        queued = books.timing.since_enqueued(now.timestamp())
         claims[i] = Claim(
-            i, books.attempts, False, books.tenant_id, books.queue, None, books.tier_id, slack
-        )
+            i, books.attempts, False, books.tenant_id, books.queue, None, books.tier_id, slack,
+            queued,
+        )  # fmt: skip
     return claims
 
 

@@ -102,9 +102,24 @@ STORAGES = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"line": {"format": "%(message)s"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler"},
+        # Bound to the process's stderr at setup, before a Celery worker redirects sys.stderr.
+        "events": {"class": "logging.StreamHandler", "formatter": "line"},
+    },
+    "loggers": {
+        "llmqueue.events": {
+            "handlers": ["events"],
+            "level": env.str("LLMQUEUE_EVENT_LOG_LEVEL", default="INFO"),
+            "propagate": False,
+        }
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
 }
+LLMQUEUE_EVENT_LOG_TEXT = env.bool("LLMQUEUE_EVENT_LOG_TEXT", default=False)
+"""Put the prompt in `admitted` and the output in `finished` event lines (contract/events.py).
+Off: prompts and outputs are the tenants' data and logs travel further than the database."""
 
 # --- Redis: broker, result backend and llmqueue's own keys (heartbeats) -----------------------
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")

@@ -160,11 +160,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 WorkerFactory = Callable[..., Worker]
 
 
-def _start(pool: str, args: list[str], client: redis.Redis, timeout: float) -> Worker:
+def _start(
+    pool: str, args: list[str], client: redis.Redis, timeout: float, log_path: Path | None
+) -> Worker:
     node = f"{pool}-test-{uuid.uuid4().hex[:6]}@localhost"
     argv = worker_argv(slots=SlotOptions(pool=pool), node=node, extra=args)
-    # Output inherited: pytest shows a failed test's worker log with it.
-    child = processes.start(node, argv, env=subprocess_env(), cwd=REPO, inherit_output=True)
+    # Output inherited unless a test reads it: pytest shows a failed test's worker log with it.
+    child = processes.start(
+        node,
+        argv,
+        env=subprocess_env(),
+        cwd=REPO,
+        log_path=log_path,
+        inherit_output=log_path is None,
+    )
     worker = Worker(child, pool, node)
 
     def ready() -> bool:
@@ -185,8 +194,10 @@ def start_worker(seeded: Seeded, clean_redis: redis.Redis) -> Iterator[WorkerFac
     """Start `workers.serve` subprocesses; every one started is stopped (by PID) afterwards."""
     started: list[Worker] = []
 
-    def factory(pool: str = "default", *args: str, timeout: float = 60) -> Worker:
-        worker = _start(pool, list(args), clean_redis, timeout)
+    def factory(
+        pool: str = "default", *args: str, timeout: float = 60, log_path: Path | None = None
+    ) -> Worker:
+        worker = _start(pool, list(args), clean_redis, timeout, log_path)
         started.append(worker)
         return worker
 

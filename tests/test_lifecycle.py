@@ -109,9 +109,21 @@ def test_batched_claims_mix_outcomes():
     # A first claim says how far from its deadline the request was taken.
     slack = (fresh.deadline_at - now).total_seconds()
     assert claims[fresh.id].slack_seconds == pytest.approx(slack, abs=1e-5)
+    # ... and how long it waited for it.
+    queued = (now - fresh.enqueued_at).total_seconds()
+    assert claims[fresh.id].queued_seconds == pytest.approx(queued, abs=1e-5)
+    took = claims[fresh.id]
     assert claims == {
         fresh.id: lifecycle.Claim(
-            fresh.id, 1, False, tenant, queue, None, fresh.tier_id, claims[fresh.id].slack_seconds
+            fresh.id,
+            1,
+            False,
+            tenant,
+            queue,
+            None,
+            fresh.tier_id,
+            took.slack_seconds,
+            took.queued_seconds,
         ),
         overdue.id: lifecycle.Claim(overdue.id, None, True, tenant, queue, expired, fresh.tier_id),
         finished.id: lifecycle.Claim(finished.id, None),

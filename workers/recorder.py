@@ -33,7 +33,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from contract.failures import FAILURES, GenerationError
-from llmqueue import accounting, lifecycle, lua, usage
+from llmqueue import accounting, lifecycle, lifecycle_events, lua, usage
 
 log = logging.getLogger(__name__)
 
@@ -248,8 +248,9 @@ class Recorder:
         for job in batch:
             by_worker.setdefault(job[1][1], []).append(job)
         claims: dict[uuid.UUID, lifecycle.Claim] = {}
+        claimed_by: dict[str, list[uuid.UUID]] = {}
         for worker, jobs in by_worker.items():
-            ids = list(dict.fromkeys(j[1][0] for j in jobs))
+            claimed_by[worker] = ids = list(dict.fromkeys(j[1][0] for j in jobs))
             claims.update(lifecycle.claim(ids, worker, timezone.now()))
         seen: set[uuid.UUID] = set()
         for _, (request_id, _), future in batch:
@@ -259,6 +260,8 @@ class Recorder:
                 outcome = lifecycle.Claim(request_id, None)
             seen.add(request_id)
             future.set_result(outcome)
+        for worker, ids in claimed_by.items():  # after the claimed requests went on their way
+            lifecycle_events.log_claims([claims[i] for i in ids], worker)
         # After the claimed requests went on to the engine (the futures' callbacks ran): the
         # expiries the claim made instead (REVOKED, their books), and what the claims drained.
         expired = [c.ended for c in claims.values() if c.ended is not None]
@@ -294,9 +297,18 @@ class Recorder:
             if o.request_id in won and o.engine_lead_seconds is not None
         ]
         books = Books(results, list(won.values()), leads=leads)
-        self._settle(batch, books, lambda job: job[1].request_id in won)
+        outputs = None
+        if settings.LLMQUEUE_EVENT_LOG_TEXT:
+            outputs = {str(j[1].request_id): j[1].output_text for j in batch}
+        self._settle(batch, books, lambda job: job[1].request_id in won, outputs)
 
-    def _settle(self, batch: list[_Job], books: Books, won: Callable[[_Job], bool]) -> None:
+    def _settle(
+        self,
+        batch: list[_Job],
+        books: Books,
+        won: Callable[[_Job], bool],
+        outputs: dict[str, str] | None = None,
+    ) -> None:
         """Publish the committed outcomes, then tell each job what became of it. A publish that
         fails leaves the outcome in its row (pollable); the blocking caller then times out."""
 
@@ -304,9 +316,17 @@ class Recorder:
             for job in batch:
                 job[2].set_result(Recorded(won(job), published and won(job)))
 
-        self._defer(books, sent)
+        self._defer(books, sent, outputs)
 
-    def _defer(self, books: Books, on_sent: Callable[[bool], None] | None = None) -> None:
+    def _defer(
+        self,
+        books: Books,
+        on_sent: Callable[[bool], None] | None = None,
+        outputs: dict[str, str] | None = None,
+    ) -> None:
+        """Add `books` to the next round trip; the requests they end are logged now (their
+        rows are committed)."""
+        lifecycle_events.log_ended(books.ended, outputs)
         self._books.add(books)
         if on_sent is not None:
             self._on_sent.append(on_sent)

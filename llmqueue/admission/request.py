@@ -5,6 +5,7 @@ from __future__ import annotations
 import redis
 from django.conf import settings
 
+from contract import events
 from llmqueue.admission.decision import (
     NO_WORKER,
     QUEUE_FULL,
@@ -73,7 +74,14 @@ def admit_request(
         ) from exc
     note_config_version(decision.config_version)
     if not decision.admitted:
-        raise rejection(decision, limits, caller.tenant_name)
+        error = rejection(decision, limits, caller.tenant_name)
+        fields = {
+            "tenant_id": caller.tenant_id, "tenant": caller.tenant_name, "pool": limits.pool,
+            "tier": caller.tier_name, "queue": limits.queue, "reason": decision.reason,
+            "status": error.status, "retry_after_seconds": error.retry_after_seconds,
+        }  # fmt: skip
+        events.emit(events.REJECTED, fields)
+        raise error
     return need
 
 

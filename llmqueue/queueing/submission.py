@@ -6,11 +6,12 @@ import logging
 from datetime import datetime, timedelta
 
 import redis
+from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from contract.task import GENERATE_TASK, TaskPayload
-from llmqueue import lua
+from llmqueue import lifecycle_events, lua
 from llmqueue.accounting import settle
 from llmqueue.api.auth import Caller
 from llmqueue.api.errors import Unavailable
@@ -166,6 +167,7 @@ def submit_prompts(
         raise Unavailable(
             "The queue is unavailable; retry shortly.", retry_after_seconds=5
         ) from exc
+    lifecycle_events.log_admitted(rows, caller.tenant_name, settings.LLMQUEUE_EVENT_LOG_TEXT)
     return rows
 
 
