@@ -74,3 +74,14 @@ def latency_window_key(kind: str, tier_id: int, minute: int) -> str:
 
 # API errors that are not admission's (4xx of bad input, 401, 404 ...), by code: a hash.
 API_ERRORS_KEY = f"{PREFIX}:totals:api-errors"
+
+
+def admissions_window_key(tier_id: int, minute: int) -> str:
+    """A tier's admissions and rejections in one minute (epoch minute): the dashboard's rates."""
+    return f"{PREFIX}:admissions:{tier_id}:{minute}"
+
+
+def depth_history_key(queue: str) -> str:
+    """A queue's waiting messages by epoch minute (a hash), sampled by its workers: the
+    dashboard's hour of depth."""
+    return f"{PREFIX}:depth-history:{queue}"

@@ -1,11 +1,17 @@
-"""Top-level URLs: the admin, the OpenAI-compatible API and Prometheus' /metrics."""
+"""Top-level URLs: the admin and its queue dashboard, the OpenAI-compatible API, /metrics."""
 
 from django.contrib import admin
 from django.urls import include, path
 
 from llmqueue.api.metrics import metrics
+from llmqueue.dashboard_view import queue_dashboard
 
 urlpatterns = [
+    path(
+        "admin/queue-dashboard/",
+        admin.site.admin_view(queue_dashboard),  # staff only, like every admin page
+        name="llmqueue-dashboard",
+    ),
     path("admin/", admin.site.urls),
     path("v1/", include("llmqueue.api.urls")),
     path("metrics", metrics, name="metrics"),

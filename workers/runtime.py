@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
-from workers import cost
+from workers import cost, depth_history
 from workers.batching import ContinuousEngine
 from workers.cancellations import CancelListener
 from workers.dispatch import DispatchMode
@@ -70,7 +70,11 @@ class WorkerRuntime:
         return {
             **cost.snapshot(self.engine.stats()),
             "info": info,
-            "budget": {"tokens": budget.tokens, "token_budget": limits.token_budget},
+            "budget": {
+                "tokens": budget.tokens,
+                "token_budget": limits.token_budget,
+                "requests": budget.requests,
+            },
         }
 
     def take_prestart(self, request_id: str) -> Future[Any] | None:
@@ -146,7 +150,7 @@ def build_runtime(
 
 def background_jobs(runtime: WorkerRuntime) -> list[Job]:
     """The heartbeat (with the worker's counters, workers/cost.py), the tier refresh, the
-    cancel listener and, for `ours`, the sweep of overdue queued requests."""
+    queues' depth history, and, for `ours`, the sweep of overdue queued requests."""
     from llmqueue.redis_client import get_redis
 
     cost.count_db_statements()
@@ -160,6 +164,11 @@ def background_jobs(runtime: WorkerRuntime) -> list[Job]:
             stats=runtime.stats,
         ),
         Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, runtime.refresh_tiers),
+        Periodic(
+            "depth-history",
+            depth_history.SAMPLE_SECONDS,
+            depth_history.depth_sampler(get_redis(), lambda: runtime.follower.queues),
+        ),
     ]
     if isinstance(engine, ContinuousEngine):
         jobs.append(CancelListener(get_redis(), engine.abort_request))

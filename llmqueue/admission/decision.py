@@ -22,8 +22,15 @@ from typing import Any
 
 from django.conf import settings
 
-from contract import liveness
-from contract.keys import CONFIG_VERSION_KEY, bucket_key, drain_key, totals_key, waiting_key
+from contract import latency, liveness
+from contract.keys import (
+    CONFIG_VERSION_KEY,
+    admissions_window_key,
+    bucket_key,
+    drain_key,
+    totals_key,
+    waiting_key,
+)
 from llmqueue import usage
 from llmqueue.admission.books import LUA_NOW, MIN_DRAIN_SPAN_SECONDS, drain_tau_seconds, now_arg
 from llmqueue.queueing.deadline_order import LUA_DEADLINES, WALK_LIMIT
@@ -50,12 +57,15 @@ local stale, tau = tonumber(ARGV[8]), tonumber(ARGV[9])
 local usage_ttl, tenant_depth = tonumber(ARGV[10]), tonumber(ARGV[11])
 local with_lead = ARGV[13] == '1'
 local z = tonumber(ARGV[14]) or 0
+local window_ttl = tonumber(ARGV[15])
 local version = redis.call('GET', KEYS[7]) or '0'
 
 local function reject(reason, retry_after, rate, ahead, wait)
   redis.call('HINCRBY', KEYS[6], 'rejected_' .. reason, 1)
   redis.call('EXPIRE', KEYS[6], usage_ttl)
   redis.call('HINCRBY', KEYS[9], 'rejected_' .. reason, 1)
+  redis.call('HINCRBY', KEYS[10], 'rejected', 1)
+  redis.call('EXPIRE', KEYS[10], window_ttl)
   return {reason, tostring(retry_after), version, tostring(rate), ahead, tostring(wait or -1)}
 end
 
@@ -156,6 +166,8 @@ redis.call('EXPIRE', KEYS[8], usage_ttl)
 redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 redis.call('EXPIRE', KEYS[6], usage_ttl)
 redis.call('HINCRBY', KEYS[9], 'admitted', 1)
+redis.call('HINCRBY', KEYS[10], 'admitted', 1)
+redis.call('EXPIRE', KEYS[10], window_ttl)
 return {'', '0', version, tostring(rate), ahead, '-1'}
 """
 )
@@ -244,6 +256,9 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         CONFIG_VERSION_KEY,
         waiting_key(limits.queue, limits.tenant_id),
         totals_key(limits.tenant_id, limits.tier_id),
+        admissions_window_key(
+            limits.tier_id, latency.minute_of(time.time() if now is None else now)
+        ),
     ]
     tenant_depth = max(1, math.floor(limits.max_queue_depth * limits.max_tier_share))
     args = [
@@ -261,6 +276,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         _deadline_arg(limits, now),
         "1" if limits.sheds_at_target else "",
         quantile_z(limits.wait_quantile),
+        latency.WINDOW_TTL_SECONDS,
     ]
     reason, retry, version, rate, ahead, wait = _script()(keys=keys, args=args)
     retry_after, estimate = float(retry), float(wait)

@@ -60,6 +60,8 @@ class WorkerReading:
     batch_fill: float | None
     token_budget_fill: float | None
     steps: int | None
+    in_engine: int | None = None  # requests in the engine now
+    held: int | None = None  # requests the worker holds (engine + parked), of its task slots
 
 
 @dataclass
@@ -228,8 +230,13 @@ def worker_reading(pool: str, node: str, stats: dict[str, Any]) -> WorkerReading
     fill = engine.get("in_engine", 0) / seqs if seqs and "in_engine" in engine else None
     cap = budget.get("token_budget") or 0
     tokens_fill = budget.get("tokens", 0) / cap if cap else None
-    steps = engine.get("steps")
-    return WorkerReading(pool, node, info, fill, tokens_fill, None if steps is None else int(steps))
+    steps, in_engine, held = engine.get("steps"), engine.get("in_engine"), budget.get("requests")
+    return WorkerReading(
+        pool, node, info, fill, tokens_fill,
+        None if steps is None else int(steps),
+        None if in_engine is None else int(in_engine),
+        None if held is None else int(held),
+    )  # fmt: skip
 
 
 def read(client: redis.Redis, now: float | None = None) -> Readings:
