@@ -161,9 +161,14 @@ WorkerFactory = Callable[..., Worker]
 
 
 def _start(
-    pool: str, args: list[str], client: redis.Redis, timeout: float, log_path: Path | None
+    pool: str,
+    args: list[str],
+    client: redis.Redis,
+    timeout: float,
+    log_path: Path | None,
+    node: str | None,
 ) -> Worker:
-    node = f"{pool}-test-{uuid.uuid4().hex[:6]}@localhost"
+    node = node or f"{pool}-test-{uuid.uuid4().hex[:6]}@localhost"
     argv = worker_argv(slots=SlotOptions(pool=pool), node=node, extra=args)
     # Output inherited unless a test reads it: pytest shows a failed test's worker log with it.
     child = processes.start(
@@ -195,9 +200,13 @@ def start_worker(seeded: Seeded, clean_redis: redis.Redis) -> Iterator[WorkerFac
     started: list[Worker] = []
 
     def factory(
-        pool: str = "default", *args: str, timeout: float = 60, log_path: Path | None = None
+        pool: str = "default",
+        *args: str,
+        timeout: float = 60,
+        log_path: Path | None = None,
+        node: str | None = None,
     ) -> Worker:
-        worker = _start(pool, list(args), clean_redis, timeout, log_path)
+        worker = _start(pool, list(args), clean_redis, timeout, log_path, node)
         started.append(worker)
         return worker
 
