@@ -45,6 +45,7 @@ TITLES = {
     "scheduling_sweep": "Scheduling beyond the tuned traffic: seeds, arrival modes, length mixes",
     "admission": "Admission under load",
     "deadlines": "Deadline order within a tier",
+    "metrics_overhead": "What metrics and event logs cost the request path",
 }
 
 DESCRIPTIONS = {
@@ -194,6 +195,13 @@ the tier's depth cap so the growing queue never refuses. Three phases, `--durati
 
 The run checks itself: every answer had its stream's status, every rejection a `Retry-After`, and
 rows = broker messages = 202s (+ warm-up).""",
+    "metrics_overhead": """\
+`bench/admission.py` (admitted requests/s) and `bench/latency.py` (whole-path p50) run with the
+figures of `/metrics` counted and the lifecycle events logged (the defaults) and with both off
+(`LLMQUEUE_METRICS=false`, `LLMQUEUE_EVENT_LOG_LEVEL=WARNING`), the two sides taking turns
+`--repeats` times each. On costs, per request, one more `HINCRBY` pair inside admission's script,
+a few histogram increments in the recorder's existing pipeline (per batch, not per request) and
+one JSON log line per event.""",
     "deadlines": """\
 When does ordering a tier's queue by deadline (earliest deadline first,
 `llmqueue/queueing/deadline_order.py`) beat FIFO? One tier (max wait 30 s); *urgent* requests
@@ -454,6 +462,20 @@ def scheduling_sweep_tables(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def metrics_overhead_tables(data: dict[str, Any]) -> list[str]:
+    def runs(key: str, side: str) -> str:
+        return ", ".join(cell(v) for v in dig(data, key, side) or []) or "—"
+
+    rows = [
+        ["admitted req/s, on ÷ off (median)", cell(data.get("ratio"))],
+        ["whole-path p50 ms added (median on − off)", cell(data.get("p50_added_ms"))],
+        ["admitted req/s on / off, each run", f"{runs('admitted_rps', 'on')} / "
+                                              f"{runs('admitted_rps', 'off')}"],
+        ["p50 ms on / off, each run", f"{runs('p50_ms', 'on')} / {runs('p50_ms', 'off')}"],
+    ]  # fmt: skip
+    return md_table(("figure", "value"), rows)
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "scheduling_sweep": scheduling_sweep_tables,
     "throughput": throughput_tables,
@@ -461,6 +483,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "headroom": headroom_tables,
     "admission": admission_tables,
     "deadlines": deadlines_tables,
+    "metrics_overhead": metrics_overhead_tables,
 }
 
 

@@ -155,6 +155,13 @@ def admission_figures(data: dict[str, Any]) -> list[Figure]:
     return figures
 
 
+def metrics_overhead_figures(data: dict[str, Any]) -> list[Figure]:
+    return [
+        Figure("admitted/s, metrics and logs on ÷ off", number(data.get("ratio")), 0.95, GE),
+        Figure("p50 ms added by metrics and logs", number(data.get("p50_added_ms")), 0.3, LE),
+    ]
+
+
 def scheduling_sweep_figures(data: dict[str, Any]) -> list[Figure]:
     runs = [run for run in data.get("runs") or [] if isinstance(run, dict)]
     met = [all((run.get("checks") or {"": False}).values()) for run in runs]
@@ -224,6 +231,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("admission", ("--duration", "5"), (), admission_figures),
     # The bench's own quick form: 10 s windows, the mixed-1.1 scenario only (the goal's).
     Bench("deadlines", ("--quick",), (), deadlines_figures),
+    # 2 turns per side of the admission (5 s phases) and latency (20 s) runs, ~6 min; full: 4.
+    Bench("metrics_overhead", ("--repeats", "2"), (), metrics_overhead_figures),
 )
 BY_NAME = {bench.name: bench for bench in BENCHES}
 

@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import redis
+from django.conf import settings
 
 from contract import latency
 from contract.keys import latency_key, latency_window_key
@@ -49,8 +50,8 @@ def claim_observations(claims: Iterable[Claim]) -> list[Observation]:
 
 
 def count(pipe: redis.client.Pipeline, seen: list[Observation], now: float | None = None) -> None:
-    """Queue on `pipe` the histogram increments of `seen`."""
-    if not seen:
+    """Queue on `pipe` the histogram increments of `seen` (nothing with LLMQUEUE_METRICS off)."""
+    if not seen or not settings.LLMQUEUE_METRICS:
         return
     minute = latency.minute_of(time.time() if now is None else now)
     buckets: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import redis
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
@@ -54,7 +55,8 @@ def count(
     for field, amount in counts.items():
         if amount:
             pipe.hincrby(key, field, amount)
-            pipe.hincrby(totals, field, amount)
+            if settings.LLMQUEUE_METRICS:
+                pipe.hincrby(totals, field, amount)
     pipe.expire(key, COUNTER_TTL_SECONDS)
 
 

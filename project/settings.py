@@ -234,6 +234,11 @@ arrival-order baseline for `--dispatch fifo`. Must be the same on API and worker
 max_queue_depth then caps the shared queue."""
 
 # --- metrics (/metrics, docs/OPERATIONS.md) ---------------------------------------------------
+LLMQUEUE_METRICS = env.bool("LLMQUEUE_METRICS", default=True)
+"""Count what /metrics and the admin dashboard show: never-flushed totals and per-minute
+admissions in admission's script, latency histograms in the recorder's pipeline, the queues'
+depth history, the API's 4xx. Off, those figures stay at zero (hourly usage is still counted);
+bench/metrics_overhead.py measures what they cost (docs/BENCHMARKS.md)."""
 LLMQUEUE_METRICS_TOKEN = env.str("LLMQUEUE_METRICS_TOKEN", default="")
 """Bearer token Prometheus sends to /metrics (`Authorization: Bearer ...`). Empty: only the
 addresses of LLMQUEUE_METRICS_ALLOW_IPS may scrape. The figures name tenants and tiers and show

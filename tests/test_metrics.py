@@ -168,3 +168,17 @@ def test_the_drain_rate_metrics_show_is_the_one_admission_decides_with(live, see
     decided = admit(limits, 10, now=T0).drain_rate_per_second
     assert decided > 0
     assert drain_rate(fields, T0, drain_tau_seconds()) == pytest.approx(decided, rel=1e-9)
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_with_metrics_off_admission_counts_usage_only(live, seeded: Seeded, counted: bool):
+    limits = Limits(
+        tenant_id=seeded.tenant_id, tier_id=seeded.tier_id, pool="default",
+        queue="default.interactive", requests_per_second=100, burst=100,
+        tokens_per_minute=10**6, max_queue_depth=100, max_tier_share=1.0, max_wait_seconds=60,
+    )  # fmt: skip
+    with override_settings(LLMQUEUE_METRICS=counted):
+        assert admit(limits, 10, now=T0).admitted
+    usage_keys = live.keys("llmqueue:usage:*")
+    metric_keys = live.keys("llmqueue:totals:*") + live.keys("llmqueue:admissions:*")
+    assert (len(usage_keys), len(metric_keys)) == (1, 2 if counted else 0)

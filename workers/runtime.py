@@ -164,12 +164,10 @@ def background_jobs(runtime: WorkerRuntime) -> list[Job]:
             stats=runtime.stats,
         ),
         Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, runtime.refresh_tiers),
-        Periodic(
-            "depth-history",
-            depth_history.SAMPLE_SECONDS,
-            depth_history.depth_sampler(get_redis(), lambda: runtime.follower.queues),
-        ),
     ]
+    if settings.LLMQUEUE_METRICS:
+        sampler = depth_history.depth_sampler(get_redis(), lambda: runtime.follower.queues)
+        jobs.append(Periodic("depth-history", depth_history.SAMPLE_SECONDS, sampler))
     if isinstance(engine, ContinuousEngine):
         jobs.append(CancelListener(get_redis(), engine.abort_request))
     if runtime.dispatcher.mode is DispatchMode.OURS:

@@ -58,14 +58,17 @@ local usage_ttl, tenant_depth = tonumber(ARGV[10]), tonumber(ARGV[11])
 local with_lead = ARGV[13] == '1'
 local z = tonumber(ARGV[14]) or 0
 local window_ttl = tonumber(ARGV[15])
+local metrics = ARGV[16] == '1'
 local version = redis.call('GET', KEYS[7]) or '0'
 
 local function reject(reason, retry_after, rate, ahead, wait)
   redis.call('HINCRBY', KEYS[6], 'rejected_' .. reason, 1)
   redis.call('EXPIRE', KEYS[6], usage_ttl)
-  redis.call('HINCRBY', KEYS[9], 'rejected_' .. reason, 1)
-  redis.call('HINCRBY', KEYS[10], 'rejected', 1)
-  redis.call('EXPIRE', KEYS[10], window_ttl)
+  if metrics then
+    redis.call('HINCRBY', KEYS[9], 'rejected_' .. reason, 1)
+    redis.call('HINCRBY', KEYS[10], 'rejected', 1)
+    redis.call('EXPIRE', KEYS[10], window_ttl)
+  end
   return {reason, tostring(retry_after), version, tostring(rate), ahead, tostring(wait or -1)}
 end
 
@@ -165,9 +168,11 @@ redis.call('INCR', KEYS[8])
 redis.call('EXPIRE', KEYS[8], usage_ttl)
 redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 redis.call('EXPIRE', KEYS[6], usage_ttl)
-redis.call('HINCRBY', KEYS[9], 'admitted', 1)
-redis.call('HINCRBY', KEYS[10], 'admitted', 1)
-redis.call('EXPIRE', KEYS[10], window_ttl)
+if metrics then
+  redis.call('HINCRBY', KEYS[9], 'admitted', 1)
+  redis.call('HINCRBY', KEYS[10], 'admitted', 1)
+  redis.call('EXPIRE', KEYS[10], window_ttl)
+end
 return {'', '0', version, tostring(rate), ahead, '-1'}
 """
 )
@@ -277,6 +282,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         "1" if limits.sheds_at_target else "",
         quantile_z(limits.wait_quantile),
         latency.WINDOW_TTL_SECONDS,
+        "1" if settings.LLMQUEUE_METRICS else "",
     ]
     reason, retry, version, rate, ahead, wait = _script()(keys=keys, args=args)
     retry_after, estimate = float(retry), float(wait)

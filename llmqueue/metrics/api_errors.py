@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import redis
+from django.conf import settings
 
 from contract.keys import API_ERRORS_KEY
 from llmqueue.redis_client import get_redis
@@ -17,6 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def count_api_error(code: str | None) -> None:
+    if not settings.LLMQUEUE_METRICS:
+        return
     try:
         get_redis().hincrby(API_ERRORS_KEY, code or "error", 1)
     except redis.RedisError as exc:
