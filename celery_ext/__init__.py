@@ -7,6 +7,10 @@ checks each against the library's own behaviour, so an upgrade that moves them f
   command: ~0.1 ms of GIL each, three per request on the worker's event loop), the unacked
   bookkeeping without MULTI/EXEC, a per-BRPOP timeout, and a delivery hook that lets the worker
   count and start a request before Celery handles its message.
+- rescue.py: a dead worker's held messages (broker.py records whose each delivered message is)
+  restored through kombu's `restore_by_tag` as soon as its beat goes stale, and a live worker's
+  held messages dated anew in kombu's unacked index with every beat: a SIGKILLed worker's
+  requests came back after the visibility timeout (an hour in production) before.
 - queue_cycle.py: kombu's queue-order strategy hook (`TierCycle`), so a worker's dispatch policy
   orders each BRPOP over its tier queues while every other process keeps kombu's round robin.
 - message.py: the task message built by hand instead of `apply_async` (0.8 ms of CPU per call,

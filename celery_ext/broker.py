@@ -1,5 +1,6 @@
 """The Redis broker transport llmqueue runs on: kombu's own, minus a client built per command,
-plus the two hooks the worker's dispatcher needs (workers/queue_order.py).
+plus the two hooks the worker's dispatcher needs (workers/queue_order.py), plus a record of which
+worker holds each delivered message (its held set), for crash recovery (celery_ext/rescue.py).
 
 kombu's Redis channel builds a new `redis.Redis` object for every publish, fetch bookkeeping and
 ack (`conn_or_acquire` → `_create_client`). redis-py's constructor copies ~200 response callbacks
@@ -11,15 +12,56 @@ requirements.txt because this subclasses its internals; tests/test_broker.py che
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
+
+HELD_PREFIX = "llmqueue:held"
+# The worker node this process consumes as (set by the worker's runtime); None in the API.
+_owner: str | None = None
+
+
+def held_key(node: str) -> str:
+    """The delivery tags `node` holds: fetched, not acked yet (a set). A worker whose beat went
+    stale has its held messages restored at once (celery_ext/rescue.py) instead of after the
+    visibility timeout; kombu's `unacked` hash alone does not say whose a message is."""
+    return f"{HELD_PREFIX}:{node}"
+
+
+def set_owner(node: str | None) -> None:
+    """Record from now on which messages this process's consumer holds, under `node`."""
+    global _owner
+    _owner = node
 
 
 class QoS(kombu_redis.QoS):
+    def append(self, message: Any, delivery_tag: str) -> None:
+        """kombu's unacked bookkeeping of a fetch (index + hash), and the owner's held set, in
+        the one round trip kombu makes anyway."""
+        delivery = message.delivery_info
+        entry = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
+            pipe.hset(self.unacked_key, delivery_tag, entry)
+            if _owner is not None:
+                pipe.sadd(held_key(_owner), delivery_tag)
+                # A node never rescued (no worker left alive) leaves no set forever.
+                pipe.expire(held_key(_owner), int(self.visibility_timeout) + 60)
+            pipe.execute()
+        virtual.QoS.append(self, message, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        """kombu's ack bookkeeping (index + hash), and the tag leaves its owner's held set."""
+        pipe = super()._remove_from_indices(delivery_tag, pipe)
+        if _owner is not None:
+            pipe.srem(held_key(_owner), delivery_tag)
+        return pipe
+
     @contextmanager
     def pipe_or_acquire(self, pipe: Any = None, client: Any = None) -> Iterator[Any]:
         """The unacked bookkeeping of every fetch (ZADD + HSET) and ack (ZREM + HDEL) without

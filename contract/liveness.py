@@ -12,7 +12,16 @@ import redis
 from contract.keys import worker_stats_key as stats_key
 from contract.keys import workers_key as pool_key
 
-__all__ = ["beat", "leave", "live_pools", "live_workers", "pool_key", "stats_key", "worker_stats"]
+__all__ = [
+    "beat",
+    "leave",
+    "live_pools",
+    "live_workers",
+    "pool_key",
+    "stale_workers",
+    "stats_key",
+    "worker_stats",
+]
 
 
 def beat(
@@ -63,3 +72,20 @@ def live_pools(client: redis.Redis, pools: Iterable[str], stale_seconds: float) 
     for pool in names:
         pipe.zcount(pool_key(pool), f"({cutoff}", "+inf")
     return {pool for pool, count in zip(names, pipe.execute(), strict=True) if count}
+
+
+def stale_workers(
+    client: redis.Redis, stale_seconds: float, now: float | None = None
+) -> list[tuple[str, str]]:
+    """(pool, node) of every worker of any pool whose last beat is `stale_seconds` old or
+    older: dead, or cut off from Redis."""
+    cutoff = (time.time() if now is None else now) - stale_seconds
+    prefix = pool_key("")
+    found = []
+    for key in client.scan_iter(match=f"{prefix}*", count=200):
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        for node in client.zrangebyscore(name, "-inf", cutoff):
+            found.append(
+                (name[len(prefix) :], node.decode() if isinstance(node, bytes) else str(node))
+            )
+    return found

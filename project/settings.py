@@ -147,10 +147,11 @@ CELERY_WORKER_DISABLE_RATE_LIMITS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS = env.int("LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS", default=3600)
-"""Seconds after fetch before any worker redelivers an unacked message (kombu's
-visibility_timeout). Must exceed the longest fetch-to-finish a request may take (deadline +
-longest generation), else a still-running request runs twice; every worker must use the same
-value. Tests use a few seconds to show redelivery after SIGKILL."""
+"""Seconds after its holder was last seen alive before any worker redelivers an unacked message
+(kombu's visibility_timeout): the last resort when no worker is left to rescue a dead one's
+messages (a dead worker's are restored once its beat is LLMQUEUE_WORKER_STALE_SECONDS old,
+celery_ext/rescue.py), and a live worker dates its held messages anew with every beat, so a long
+generation is never redelivered. Every worker must use the same value."""
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS,
     # How often a worker looks for unacked messages older than the timeout.

@@ -167,6 +167,7 @@ def _start(
     timeout: float,
     log_path: Path | None,
     node: str | None,
+    env: dict[str, str] | None = None,
 ) -> Worker:
     node = node or f"{pool}-test-{uuid.uuid4().hex[:6]}@localhost"
     argv = worker_argv(slots=SlotOptions(pool=pool), node=node, extra=args)
@@ -174,7 +175,7 @@ def _start(
     child = processes.start(
         node,
         argv,
-        env=subprocess_env(),
+        env={**subprocess_env(), **(env or {})},
         cwd=REPO,
         log_path=log_path,
         inherit_output=log_path is None,
@@ -205,8 +206,10 @@ def start_worker(seeded: Seeded, clean_redis: redis.Redis) -> Iterator[WorkerFac
         timeout: float = 60,
         log_path: Path | None = None,
         node: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Worker:
-        worker = _start(pool, list(args), clean_redis, timeout, log_path, node)
+        """`env`: settings of this worker's own (e.g. the production visibility timeout)."""
+        worker = _start(pool, list(args), clean_redis, timeout, log_path, node, env)
         started.append(worker)
         return worker
 

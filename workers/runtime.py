@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from celery_ext import broker
 from workers import cost, depth_history
 from workers.batching import ContinuousEngine
 from workers.cancellations import CancelListener
@@ -29,6 +30,7 @@ from workers.periodic import Periodic
 from workers.prestart import PreStarts
 from workers.queue_order import Dispatcher
 from workers.recorder import Recorder, new_recorder
+from workers.rescue import Rescuer
 from workers.tier_settings import QueueFollower, load_tier_policies
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,7 @@ def build_runtime(
     if isinstance(engine, ContinuousEngine):
         engine.admission = dispatcher.may_start
     dispatcher.plug_in()
+    broker.set_owner(node)  # the messages this process fetches are recorded as `node`'s
     runtime.jobs = background_jobs(runtime)
     return runtime
 
@@ -152,6 +155,7 @@ def background_jobs(runtime: WorkerRuntime) -> list[Job]:
     """The heartbeat (with the worker's counters, workers/cost.py), the tier refresh, the
     queues' depth history, and, for `ours`, the sweep of overdue queued requests."""
     from llmqueue.redis_client import get_redis
+    from project.celery import app as celery_app
 
     cost.count_db_statements()
     engine = runtime.engine
@@ -164,6 +168,11 @@ def background_jobs(runtime: WorkerRuntime) -> list[Job]:
             stats=runtime.stats,
         ),
         Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, runtime.refresh_tiers),
+        Periodic(
+            "rescue",
+            settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS,
+            Rescuer(get_redis(), runtime.node, settings.LLMQUEUE_WORKER_STALE_SECONDS, celery_app),
+        ),
     ]
     if settings.LLMQUEUE_METRICS:
         sampler = depth_history.depth_sampler(get_redis(), lambda: runtime.follower.queues)

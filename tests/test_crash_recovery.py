@@ -1,0 +1,92 @@
+"""Crash recovery by heartbeat, with the production visibility timeout: a SIGKILLed worker's
+requests start on another worker within the stale window, each result stored once; a live
+worker's long generation is never redelivered, whatever the visibility timeout."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+import redis
+from django.conf import settings
+
+from celery_ext.broker import held_key
+from contract import liveness
+from llmqueue.models import PromptRequest
+from tests.conftest import Seeded, WorkerFactory, settle, wait_until
+from tests.test_redelivery import MAX_TOKENS, SLOW_WORKER, count_published_results
+from tests.test_scheduling import submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = PromptRequest.Status
+PRODUCTION = {
+    "LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS": "3600",
+    "LLMQUEUE_UNACKED_RESTORE_INTERVAL_SECONDS": "60",
+}
+
+
+def listen(client: redis.Redis) -> tuple[Counter[str], threading.Event, threading.Thread]:
+    published: Counter[str] = Counter()
+    stop = threading.Event()
+    listener = threading.Thread(
+        target=count_published_results, args=(client, published, stop), daemon=True
+    )
+    listener.start()
+    return published, stop, listener
+
+
+def test_a_killed_workers_requests_restart_elsewhere_within_the_stale_window(
+    seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
+):
+    published, stop, listener = listen(clean_redis)
+    doomed = start_worker("default", *SLOW_WORKER, env=PRODUCTION)
+    ids = submit(seeded.key, 12, MAX_TOKENS)
+    wait_until(lambda: PromptRequest.objects.filter(status=S.RUNNING).count() == 8, 30, "8 held")
+    held = set(PromptRequest.objects.filter(status=S.RUNNING).values_list("id", flat=True))
+    assert clean_redis.scard(held_key(doomed.node)) == 8  # its held set: what it fetched
+    survivor = start_worker("default", *SLOW_WORKER, env=PRODUCTION)
+    killed_at = time.time()
+    assert doomed.stop(signal.SIGKILL) == -signal.SIGKILL
+
+    def all_taken_over() -> bool:
+        rows = PromptRequest.objects.filter(id__in=held)
+        return all(r.attempts == 2 for r in rows)
+
+    wait_until(all_taken_over, 30, "the survivor to claim the dead worker's requests")
+    last_claim = max(r.started_at for r in PromptRequest.objects.filter(id__in=held))
+    recovery = last_claim.timestamp() - killed_at
+    stale = settings.LLMQUEUE_WORKER_STALE_SECONDS
+    # Stale window + a rescue interval + the survivor's free slots (4 sequences, ~1 s each).
+    assert recovery < stale + 6, f"recovered after {recovery:.1f} s"
+    settle(clean_redis, 12, 60, stop, listener)
+    for row in PromptRequest.objects.filter(id__in=ids):
+        assert (row.worker, row.status) == (survivor.node, S.SUCCEEDED)
+        assert row.attempts == (2 if row.id in held else 1)
+        assert published[f"{row.id}:SUCCESS"] == 1
+    assert sum(published.values()) == 12  # nothing published twice, nothing failed
+    assert not clean_redis.exists(held_key(doomed.node))
+    assert doomed.node not in liveness.live_workers(clean_redis, "default", 3600)
+
+
+def test_a_live_workers_long_generation_is_never_redelivered_whatever_the_visibility_timeout(
+    seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
+):
+    # A 2 s visibility timeout, restores tried every second, two workers: ~8 s generations
+    # outlive it four times over, and a redelivered message would be claimed by the other one.
+    short = {
+        "LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS": "2",
+        "LLMQUEUE_UNACKED_RESTORE_INTERVAL_SECONDS": "1",
+    }
+    published, stop, listener = listen(clean_redis)
+    slow = ("--engine", "simulated", "--model", "sim", "--max-num-seqs", "4", "--slots", "4")
+    first = start_worker("default", *slow, "--sim-time-scale", "2", env=short)
+    ids = submit(seeded.key, 2, 500)
+    wait_until(lambda: PromptRequest.objects.filter(status=S.RUNNING).count() == 2, 10, "claims")
+    start_worker("default", *slow, "--sim-time-scale", "2", env=short)
+    settle(clean_redis, 2, 60, stop, listener)
+    rows = list(PromptRequest.objects.filter(id__in=ids))
+    assert [(r.attempts, r.worker) for r in rows] == [(1, first.node)] * 2
+    assert sum(published.values()) == 2
