@@ -62,6 +62,16 @@ class QoS(kombu_redis.QoS):
             pipe.srem(held_key(_owner), delivery_tag)
         return pipe
 
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        """kombu requeues a rejected message at its queue's tail; a worker rejects only to hand
+        a message back as it stops (workers/execution.py), and that message waited longest:
+        it goes back to the head, as a rescued one does."""
+        if requeue:
+            self.restore_by_tag(delivery_tag, leftmost=False)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().reject(delivery_tag, requeue=False)
+
     @contextmanager
     def pipe_or_acquire(self, pipe: Any = None, client: Any = None) -> Iterator[Any]:
         """The unacked bookkeeping of every fetch (ZADD + HSET) and ack (ZREM + HDEL) without

@@ -174,6 +174,10 @@ LLMQUEUE_AUTH_CACHE_SECONDS = env.float("LLMQUEUE_AUTH_CACHE_SECONDS", default=5
 admin edits (revocation, deactivation, limits) take effect within this bound."""
 LLMQUEUE_WORKER_HEARTBEAT_SECONDS = env.float("LLMQUEUE_WORKER_HEARTBEAT_SECONDS", default=2.0)
 """Seconds between a GPU worker's liveness beats in Redis."""
+LLMQUEUE_SHUTDOWN_GRACE_SECONDS = env.float("LLMQUEUE_SHUTDOWN_GRACE_SECONDS", default=25.0)
+"""On SIGTERM (a deploy) a worker hands its parked requests back to their queues at once and lets
+those in the engine finish for this long, then hands them back too and exits: under the 30 s a
+container runtime waits before SIGKILL, so no stop waits on a long generation."""
 LLMQUEUE_WORKER_STALE_SECONDS = env.float("LLMQUEUE_WORKER_STALE_SECONDS", default=10.0)
 """Seconds without a beat after which a worker no longer counts as serving its pool."""
 LLMQUEUE_BYTES_PER_TOKEN = env.float("LLMQUEUE_BYTES_PER_TOKEN", default=4.0)

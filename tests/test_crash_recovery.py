@@ -90,3 +90,45 @@ def test_a_live_workers_long_generation_is_never_redelivered_whatever_the_visibi
     rows = list(PromptRequest.objects.filter(id__in=ids))
     assert [(r.attempts, r.worker) for r in rows] == [(1, first.node)] * 2
     assert sum(published.values()) == 2
+
+
+def test_a_worker_stopped_for_a_deploy_hands_its_requests_over_at_once(
+    seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
+):
+    # 2 s of grace for ~4 s generations: the 8 requests it holds (4 generating, 4 waiting in
+    # its engine) go back to the queue's head at the end of the grace, not after the hour.
+    deploy = {**PRODUCTION, "LLMQUEUE_SHUTDOWN_GRACE_SECONDS": "2"}
+    published, stop, listener = listen(clean_redis)
+    leaving = start_worker("default", *SLOW_WORKER, env=deploy)
+    ids = submit(seeded.key, 12, 500)  # ~4 s of steps each
+    wait_until(lambda: PromptRequest.objects.filter(status=S.RUNNING).count() == 8, 30, "8 held")
+    held = set(PromptRequest.objects.filter(status=S.RUNNING).values_list("id", flat=True))
+    successor = start_worker("default", *SLOW_WORKER, env=deploy)
+    stopped_at = time.time()
+    assert leaving.stop(signal.SIGTERM, timeout=60) == 0  # a clean exit, not a kill
+    exited = time.time() - stopped_at
+    assert exited < 2 + 3, f"exited after {exited:.1f} s"
+    settle(clean_redis, 12, 60, stop, listener)
+    rows = list(PromptRequest.objects.filter(id__in=ids))
+    assert {r.status for r in rows} == {S.SUCCEEDED}
+    for row in rows:  # all ran to the end on the successor, the handed-back ones as attempt 2
+        assert (row.worker, row.attempts) == (successor.node, 2 if row.id in held else 1)
+        assert row.completion_tokens == 500
+        assert published[f"{row.id}:SUCCESS"] == 1
+    assert sum(published.values()) == 12  # nothing recorded for the handed-back attempts
+    assert not clean_redis.exists(held_key(leaving.node))
+
+
+def test_a_deploy_lets_short_generations_finish_on_the_leaving_worker(
+    seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
+):
+    # ~1 s generations, the default 25 s grace: everything in the engine finishes where it is.
+    published, stop, listener = listen(clean_redis)
+    leaving = start_worker("default", *SLOW_WORKER, env=PRODUCTION)
+    ids = submit(seeded.key, 4, MAX_TOKENS)
+    wait_until(lambda: PromptRequest.objects.filter(status=S.RUNNING).count() == 4, 30, "4 held")
+    assert leaving.stop(signal.SIGTERM, timeout=60) == 0
+    settle(clean_redis, 4, 30, stop, listener)
+    rows = list(PromptRequest.objects.filter(id__in=ids))
+    assert [(r.worker, r.attempts, r.status) for r in rows] == [(leaving.node, 1, S.SUCCEEDED)] * 4
+    assert sum(published.values()) == 4

@@ -30,15 +30,22 @@ _Abort = str  # the id of a submitted request to drop
 Admission = Callable[[GenerationRequest, int, int], bool]
 
 
-@dataclasses.dataclass(frozen=True)
-class _AbortAll:
-    """An inbox item: drop every request whose engine id starts with `prefix`."""
-
-    prefix: str
-
-
 class RequestAborted(Exception):
     """The worker took the request back (`ContinuousEngine.abort`) before it finished."""
+
+
+class HandedBack(RequestAborted):
+    """The worker is stopping: the request goes back to its queue for another worker."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _AbortAll:
+    """An inbox item: drop every request whose engine id starts with `prefix` (only the parked
+    ones if `parked_only`), failing its future with `reason`."""
+
+    prefix: str
+    parked_only: bool = False
+    reason: type[RequestAborted] = RequestAborted
 
 
 class ContinuousEngine:
@@ -99,6 +106,11 @@ class ContinuousEngine:
         `<request id>:<delivery>`, workers/prestart.py): it was cancelled."""
         self._inbox.put(_AbortAll(f"{request_id}:"))
 
+    def hand_back(self, parked_only: bool) -> None:
+        """Drop the requests this engine holds (only those parked outside it, if
+        `parked_only`), their futures failing with HandedBack: the worker is stopping."""
+        self._inbox.put(_AbortAll("", parked_only, HandedBack))
+
     def stats(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
@@ -154,9 +166,10 @@ class ContinuousEngine:
             if isinstance(item, str):
                 self._drop(item)
             elif isinstance(item, _AbortAll):
-                for request_id in [*self._futures, *self._parked]:
+                held = [*self._parked] if item.parked_only else [*self._futures, *self._parked]
+                for request_id in held:
                     if request_id.startswith(item.prefix):
-                        self._drop(request_id)
+                        self._drop(request_id, item.reason)
             else:
                 self._arrive(*item)
             try:
@@ -224,10 +237,10 @@ class ContinuousEngine:
             self._lanes[self._lane_of.pop(request_id, "")] -= 1
         return future
 
-    def _drop(self, request_id: str) -> None:
+    def _drop(self, request_id: str, reason: type[RequestAborted] = RequestAborted) -> None:
         parked = self._unpark(request_id)
         if parked is not None:  # never reached the engine: nothing to release there
-            parked[1].set_exception(RequestAborted(request_id))
+            parked[1].set_exception(reason(request_id))
             return
         future = self._forget(request_id)
         if future is None:  # finished already, or aborted before it arrived (arrivals come first)
@@ -235,7 +248,7 @@ class ContinuousEngine:
         try:
             self._abort([request_id])
         finally:
-            future.set_exception(RequestAborted(request_id))
+            future.set_exception(reason(request_id))
 
     def _run(self) -> None:
         try:

@@ -16,11 +16,12 @@ from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
 from contract.failures import ContextLengthExceeded, GenerationError, RequestRejected
 from contract.task import TaskPayload
 from llmqueue import lifecycle
+from workers.batching import HandedBack
 from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong
 from workers.engine_budget import NO_HOLD, Hold
 from workers.prestart import start_generation, start_unless_overdue
@@ -122,6 +123,10 @@ def start_prompt(
         generation = started or start_generation(engine, payload, lane)
 
         def on_generated(generated: Future[GenerationResult]) -> None:
+            handed_back = generated.exception()
+            if isinstance(handed_back, HandedBack):  # the worker is stopping: nothing recorded,
+                done.set_exception(handed_back)  # the row stays running for the next attempt
+                return
             try:
                 outcome = outcome_of(request_id, attempt, generated, generation.submitted_at)
                 _then(
@@ -173,6 +178,11 @@ def run_prompts(runtime: WorkerRuntime, payloads: list[TaskPayload]) -> None:
             for payload, hold in zip(payloads, holds, strict=True)
         ]
         ran = [chain.result() for chain in chains]
+    except HandedBack:
+        # The worker is stopping (workers/runtime.py, WorkerRuntime.stop_gracefully): the
+        # message goes back to its queue's head at once; the requests of it that finished are
+        # dropped when redelivered (their claim finds them finished), the others run again.
+        raise Reject("handed back: the worker is stopping", requeue=True) from None
     finally:  # whatever failed on the way, the budget gets its places back (release is once)
         for hold in holds:
             hold.release()

@@ -9,6 +9,7 @@ else in the worker holds process state.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -102,6 +103,18 @@ class WorkerRuntime:
         for job in self.jobs:
             job.start()
 
+    def stop_gracefully(self, grace_seconds: float) -> None:
+        """A warm shutdown began (SIGTERM: a deploy): requests parked outside the engine go
+        back to their queues now; those in the engine may finish for `grace_seconds`, then go
+        back too, so a stop never waits on a long generation nor on the visibility timeout."""
+        engine = self.engine
+        if not isinstance(engine, ContinuousEngine):
+            return
+        engine.hand_back(parked_only=True)
+        timer = threading.Timer(grace_seconds, engine.hand_back, kwargs={"parked_only": False})
+        timer.daemon = True
+        timer.start()
+
     def on_shutdown(self) -> None:
         for job in self.jobs:
             job.stop()
@@ -194,13 +207,17 @@ def background_jobs(runtime: WorkerRuntime) -> list[Job]:
 
 def attach(runtime: WorkerRuntime) -> None:
     """Run `runtime`'s start and stop with Celery's worker (its ready and shutdown signals)."""
-    from celery.signals import worker_ready, worker_shutdown
+    from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
     def ready(sender: Any = None, **_: Any) -> None:
         runtime.on_ready(sender)
+
+    def shutting_down(**_: Any) -> None:
+        runtime.stop_gracefully(settings.LLMQUEUE_SHUTDOWN_GRACE_SECONDS)
 
     def shutdown(**_: Any) -> None:
         runtime.on_shutdown()
 
     worker_ready.connect(ready, weak=False)
+    worker_shutting_down.connect(shutting_down, weak=False)
     worker_shutdown.connect(shutdown, weak=False)
