@@ -287,3 +287,17 @@ def test_admin_lists_jobs_with_progress_and_counts(seeded: Seeded, admin_client:
     html = page.content.decode()
     assert batch["id"] in html
     assert '<progress value="25" max="100" title="1 of 4 lines done"></progress> 25%' in html
+
+
+def test_a_held_line_cancelled_alone_is_never_released(seeded: Seeded, clean_redis):
+    client = Client()
+    submit(client, seeded.key, [line("a"), line("b")])
+    held = PromptRequest.objects.get(custom_id="a")
+    answer = client.post(f"/v1/requests/{held.id}/cancel", **auth(seeded.key)).json()
+    assert answer["status"] == "cancelled"
+    assert Pacer().release_once() == 1
+    assert dict(PromptRequest.objects.values_list("custom_id", "status")) == {
+        "a": S.CANCELLED,
+        "b": S.QUEUED,
+    }
+    assert queued_messages(clean_redis) == 1

@@ -19,6 +19,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from llmqueue import lifecycle
 from llmqueue.admission.request import tokens_needed
 from llmqueue.api.auth import Caller
 from llmqueue.api.errors import BadRequest, InvalidParameter
@@ -34,7 +35,6 @@ S = PromptRequest.Status
 J = BulkJob.Status
 UNFINISHED = (S.HELD, S.QUEUED, S.RUNNING)
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
-CANCELLED_LINE_ERROR = "cancelled with its batch before it ran"
 EXPIRED_LINE_ERROR = "its batch's completion window ended before it ran"
 
 
@@ -177,9 +177,8 @@ def cancel_job(job: BulkJob, now: datetime | None = None) -> BulkJob:
 
 
 def cancel_lines(job: BulkJob, now: datetime) -> None:
-    PromptRequest.objects.filter(job=job, status=S.HELD).update(
-        status=S.CANCELLED, finished_at=now, error=CANCELLED_LINE_ERROR
-    )
+    held = PromptRequest.objects.filter(job=job, status=S.HELD).values_list("id", flat=True)
+    lifecycle.cancel_held(list(held), now)
     live = PromptRequest.objects.filter(job=job, status__in=[S.QUEUED, S.RUNNING])
     ids: list[uuid.UUID] = list(live.values_list("id", flat=True))
     for start in range(0, len(ids), 500):
