@@ -17,7 +17,7 @@ from django.utils.html import format_html
 
 from llmqueue import usage
 from llmqueue.apikeys import assign_new_secret
-from llmqueue.bulk.jobs import cancel_job
+from llmqueue.bulk.cancel import cancel_job
 from llmqueue.cancellation import cancel_requests
 from llmqueue.invalidation import bump_config_version
 from llmqueue.models import (

@@ -46,11 +46,12 @@ def upload(client: Client, key: str, data: bytes, purpose: str = "batch") -> Any
     return client.post("/v1/files", {"purpose": purpose, "file": upload}, **auth(key))
 
 
-def create_batch(client: Client, key: str, file_id: str, **extra: Any) -> Any:
+def create_batch(
+    client: Client, key: str, file_id: str, tier: str | None = None, **extra: Any
+) -> Any:
     body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
-    return client.post(
-        "/v1/batches", {**body, **extra}, content_type="application/json", **auth(key)
-    )
+    headers = auth(key) | ({"HTTP_X_LLMQUEUE_TIER": tier} if tier else {})
+    return client.post("/v1/batches", {**body, **extra}, content_type="application/json", **headers)
 
 
 def submit(client: Client, key: str, lines: list[Any], **extra: Any) -> dict[str, Any]:
@@ -301,3 +302,20 @@ def test_a_held_line_cancelled_alone_is_never_released(seeded: Seeded, clean_red
         "b": S.QUEUED,
     }
     assert queued_messages(clean_redis) == 1
+
+
+def test_a_batch_runs_on_the_flex_tier_unless_the_tier_header_names_another(
+    seeded: Seeded, bulk_tier: Tier
+):
+    client = Client()
+    file_id = upload(client, seeded.key, jsonl([line("a")])).json()["id"]
+    create_batch(client, seeded.key, file_id)
+    named = create_batch(client, seeded.key, file_id, tier="interactive")
+    assert named.status_code == 200
+    tiers = PromptRequest.objects.order_by("enqueued_at").values_list("tier__name", "queue")
+    assert list(tiers) == [("batch", "default.batch"), ("interactive", "default.interactive")]
+    # globex may not use the interactive tier: 403, nothing stored.
+    other = upload(client, seeded.other_key, jsonl([line("a")])).json()["id"]
+    refused = create_batch(client, seeded.other_key, other, tier="interactive")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "tier_not_allowed"
+    assert BulkJob.objects.count() == 2

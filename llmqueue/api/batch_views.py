@@ -15,6 +15,7 @@ from llmqueue.api.responses import batch_body, file_body, list_body
 from llmqueue.api.tiers import TIER_HEADER, caller_on_tier
 from llmqueue.api.views import api_endpoint
 from llmqueue.bulk import files, jobs
+from llmqueue.bulk.cancel import cancel_job
 from llmqueue.models import BulkJob, StoredFile
 
 MAX_PAGE = 100
@@ -96,11 +97,14 @@ def _batch_caller(request: HttpRequest) -> Caller:
     """The tenant on its bulk tier: the one its tier header names, else the flex tier when it
     may use one (OpenAI's tier for work that can wait), else its default tier."""
     header = request.headers.get(TIER_HEADER)
+    if header is not None:
+        return caller_on_tier(lambda fresh: authenticate(request, fresh), None, header)
     caller = authenticate(request)
-    flex = "flex" if any(
-        t.service_tier == "flex" and t.name in caller.allowed_tiers for t in caller.tiers
-    ) and header is None else None  # fmt: skip
-    return caller_on_tier(lambda fresh: authenticate(request, fresh), flex, header)
+    flex = next(
+        (t for t in caller.tiers if t.service_tier == "flex" and t.name in caller.allowed_tiers),
+        None,
+    )
+    return caller if flex is None else caller.on_tier(flex)
 
 
 def _own_job(caller: Caller, batch_id: str) -> BulkJob:
@@ -135,4 +139,4 @@ def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
     if job.status not in (BulkJob.Status.VALIDATING, BulkJob.Status.IN_PROGRESS,
                           BulkJob.Status.CANCELLING):  # fmt: skip
         raise Conflict(f"Batch {batch_id} is {job.status}; only a running batch is cancelled.")
-    return _batch_response(jobs.cancel_job(job))
+    return _batch_response(cancel_job(job))

@@ -1,4 +1,4 @@
-"""Bulk jobs: create one from a validated input file (its lines stored held), count, cancel.
+"""Bulk jobs: create one from a validated input file (its lines stored held), count its lines.
 
 A job's lines are PromptRequest rows stored `held` in chunked transactions; the pacer
 (llmqueue/bulk/pacer.py) releases them into the broker as quotas and queue depth allow, so a job
@@ -9,23 +9,19 @@ read from the lines, grouped by status.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from llmqueue import lifecycle
 from llmqueue.admission.request import tokens_needed
 from llmqueue.api.auth import Caller
 from llmqueue.api.errors import BadRequest, InvalidParameter
 from llmqueue.bulk.files import own_file, read_content
 from llmqueue.bulk.lines import ENDPOINTS, Line, LineError, parse_lines
-from llmqueue.cancellation import cancel_requests
 from llmqueue.models import BulkJob, PromptRequest, StoredFile
 from llmqueue.queueing.routing import ModelRoute
 from llmqueue.queueing.submission import new_request
@@ -160,29 +156,3 @@ def line_counts(job: BulkJob) -> dict[str, int]:
     """The job's lines by status, in one GROUP BY."""
     grouped = PromptRequest.objects.filter(job=job).order_by().values_list("status")
     return {status: n for status, n in grouped.annotate(n=Count("id"))}
-
-
-def cancel_job(job: BulkJob, now: datetime | None = None) -> BulkJob:
-    """Cancel a job: held lines never leave, queued ones never reach an engine, running ones
-    are aborted in theirs (cancellation.cancel_requests); finished output is kept. The job is
-    cancelling until none runs, then the finalizer makes it cancelled."""
-    now = now or timezone.now()
-    moved = BulkJob.objects.filter(pk=job.pk, status__in=[J.VALIDATING, J.IN_PROGRESS]).update(
-        status=J.CANCELLING, cancelling_at=now
-    )
-    if moved:
-        cancel_lines(job, now)
-    job.refresh_from_db()
-    return job
-
-
-def cancel_lines(job: BulkJob, now: datetime) -> None:
-    held = PromptRequest.objects.filter(job=job, status=S.HELD).values_list("id", flat=True)
-    lifecycle.cancel_held(list(held), now)
-    live = PromptRequest.objects.filter(job=job, status__in=[S.QUEUED, S.RUNNING])
-    ids: list[uuid.UUID] = list(live.values_list("id", flat=True))
-    for start in range(0, len(ids), 500):
-        try:
-            cancel_requests(ids[start : start + 500])
-        except redis.RedisError:  # the rows are cancelled; workers learn it at their claim
-            log.warning("batch %s cancelled, but Redis could not be told", job.id)
