@@ -166,6 +166,12 @@ def start_web(children: list[Child], preferred_port: int, key: str) -> str:
     say(f"[6/7] starting the web server at {base_url}; log: {log}")
     child = start_child("web server", web_argv(port), log, ports=(port,))
     children.append(child)
+    # Batches' lines are released into the broker by the pacer, a program of its own.
+    pacer_log = state_dir() / "logs" / "demo-bulk-pacer.log"
+    say(f"      and the bulk pacer (manage.py bulk_pacer); log: {pacer_log}")
+    children.append(
+        start_child("bulk pacer", [sys.executable, "manage.py", "bulk_pacer"], pacer_log)
+    )
     wait_until(
         child,
         lambda: MODEL_NAME in listed_models(base_url, key),

@@ -1,4 +1,5 @@
-"""Django admin for tiers, tenants, keys, served models and requests (thin: logic is elsewhere)."""
+"""Django admin for tiers, tenants, keys, served models, requests, bulk jobs and files (thin:
+logic is elsewhere)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import redis
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -16,9 +17,19 @@ from django.utils.html import format_html
 
 from llmqueue import usage
 from llmqueue.apikeys import assign_new_secret
+from llmqueue.bulk.cancel import cancel_job
 from llmqueue.cancellation import cancel_requests
 from llmqueue.invalidation import bump_config_version
-from llmqueue.models import ApiKey, PromptRequest, ServedModel, Tenant, TenantUsage, Tier
+from llmqueue.models import (
+    ApiKey,
+    BulkJob,
+    PromptRequest,
+    ServedModel,
+    StoredFile,
+    Tenant,
+    TenantUsage,
+    Tier,
+)
 
 USAGE_HOURS = 24
 
@@ -67,6 +78,7 @@ class TenantAdmin(admin.ModelAdmin):
         "max_tokens_per_request",
         "max_tier_share",
         "track_in_metrics",
+        "weight",
     )
     list_filter = ("tier", "is_active", "track_in_metrics")
     list_editable = ("is_active", "track_in_metrics")
@@ -196,3 +208,68 @@ class TenantUsageAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # counted by admission and the workers
+
+
+S = PromptRequest.Status
+LINE_COUNTS = ("held", "queued", "running", "succeeded", "failed", "expired", "cancelled")
+
+
+def line_count(status: str) -> Any:
+    """A list column: the job's lines in `status` (annotated by BulkJobAdmin.get_queryset)."""
+
+    @admin.display(description=status, ordering=status)
+    def count(job: Any) -> int:
+        return int(getattr(job, status))
+
+    count.__name__ = f"{status}_lines"
+    return count
+
+
+@admin.register(BulkJob)
+class BulkJobAdmin(admin.ModelAdmin):
+    """Jobs with their progress: the counts come from one grouped query over the page's lines."""
+
+    list_display = (
+        "id", "tenant", "tier", "model", "status", "progress", "total",
+        *(line_count(status) for status in LINE_COUNTS),
+        "created_at", "expires_at",
+    )  # fmt: skip
+    list_filter = ("status", "tier", "tenant")
+    search_fields = ("id", "tenant__name")
+    date_hierarchy = "created_at"
+    list_select_related = ("tenant", "tier")
+    readonly_fields = [f.name for f in BulkJob._meta.fields]
+    actions = ["cancel_selected"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs come in through the Batch API
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[BulkJob]:
+        counts = {name: Count("lines", filter=Q(lines__status=name)) for name in LINE_COUNTS}
+        return super().get_queryset(request).annotate(**counts)
+
+    @admin.display(description="progress")
+    def progress(self, job: Any) -> str:
+        done = job.succeeded + job.failed + job.expired + job.cancelled
+        percent = round(100 * done / job.total) if job.total else 0
+        return format_html(
+            '<progress value="{}" max="100" title="{} of {} lines done"></progress> {}%',
+            percent, done, job.total, percent,
+        )  # fmt: skip
+
+    @admin.action(description="Cancel selected jobs (finished output is kept)")
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[BulkJob]) -> None:
+        jobs = [cancel_job(job) for job in queryset]
+        cancelling = sum(job.status == BulkJob.Status.CANCELLING for job in jobs)
+        self.message_user(request, f"Cancelling {cancelling} job(s).")
+
+
+@admin.register(StoredFile)
+class StoredFileAdmin(admin.ModelAdmin):
+    list_display = ("id", "tenant", "purpose", "filename", "bytes", "created_at")
+    list_filter = ("purpose", "tenant")
+    search_fields = ("id", "filename", "tenant__name")
+    readonly_fields = [f.name for f in StoredFile._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # files come in through the Files API

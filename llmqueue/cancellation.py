@@ -4,7 +4,8 @@ answered and the workers told to abort it.
 The row decides (llmqueue/lifecycle.py `cancel`, a conditional UPDATE): a request already finished
 keeps its outcome and output, and a worker still running a cancelled one can no longer record
 it. What it reserved goes back to its tenant (all of it: how much a running request used is not
-known until its worker records it, which it now never does). Workers subscribed to
+known until its worker records it, which it now never does). A held bulk line (not released
+yet) is only marked: it reserved nothing and no worker has it. Workers subscribed to
 contract.keys.CANCEL_CHANNEL abort it in their engine at the next step, freeing the slot.
 """
 
@@ -26,7 +27,9 @@ def cancel_requests(ids: list[uuid.UUID]) -> dict[uuid.UUID, Ended]:
     """Cancel the unfinished ones of `ids`; returns those this call cancelled. Raises
     redis.RedisError if Redis could not be told: the rows stay cancelled (the DB is the source of
     truth), a waiting caller then hears it at its wait's end, and workers at their next claim."""
-    ended = lifecycle.cancel(ids, timezone.now())
+    now = timezone.now()
+    lifecycle.cancel_held(ids, now)  # bulk lines the pacer has not released: nothing to tell
+    ended = lifecycle.cancel(ids, now)
     if ended:
         lifecycle_events.log_ended(ended.values())
         tell(list(ended.values()))

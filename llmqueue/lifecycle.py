@@ -175,6 +175,16 @@ def cancel(ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Ended]:
     return {i: _cancelled(i, books) for i, books in _update_returning_books(sql, params).items()}
 
 
+def cancel_held(ids: Sequence[uuid.UUID], now: datetime) -> int:
+    """Mark held bulk lines cancelled (they never reached the broker, reserved nothing and
+    count as waiting nowhere: there are no books to settle); returns how many."""
+    if not ids:
+        return 0
+    return PromptRequest.objects.filter(pk__in=ids, status=S.HELD).update(
+        status=S.CANCELLED, finished_at=now, error=CANCELLED_ERROR
+    )
+
+
 def _cancelled(request_id: uuid.UUID, books: _Books) -> Ended:
     return Ended(
         request_id, books.tenant_id, books.tier_id, books.queue, "cancelled",

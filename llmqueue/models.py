@@ -1,7 +1,8 @@
-"""Tenants, service tiers, API keys, served models and prompt requests."""
+"""Tenants, service tiers, API keys, served models, prompt requests, bulk jobs and their files."""
 
 from __future__ import annotations
 
+import secrets
 import uuid
 
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -94,6 +95,12 @@ class Tenant(models.Model):
         help_text="Give this tenant its own label in /metrics (others are counted as "
         'tenant="other"): labels stay bounded however many tenants there are.',
     )
+    weight = models.PositiveIntegerField(
+        default=1,
+        validators=[MinValueValidator(1)],
+        help_text="Share of its bulk tiers' service, in tokens, against other tenants' bulk jobs "
+        "on the same tier (2: twice the tokens of a tenant of weight 1 while both wait).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -146,6 +153,8 @@ class PromptRequest(models.Model):
     """One caller request; its id is the Celery task id. The row is the source of truth."""
 
     class Status(models.TextChoices):
+        # A bulk line accepted and stored, not yet released into the broker (llmqueue/bulk/pacer).
+        HELD = "held"
         QUEUED = "queued"
         RUNNING = "running"
         SUCCEEDED = "succeeded"
@@ -184,6 +193,11 @@ class PromptRequest(models.Model):
     output_text = models.TextField(blank=True)
     finish_reason = models.CharField(max_length=20, blank=True)
     error = models.TextField(blank=True)
+    job = models.ForeignKey(
+        "BulkJob", null=True, blank=True, on_delete=models.CASCADE, related_name="lines"
+    )
+    custom_id = models.CharField(max_length=200, blank=True, help_text="A bulk line's own id.")
+    line = models.PositiveIntegerField(null=True, blank=True, help_text="Input line number.")
 
     class Meta:
         ordering = ["-enqueued_at"]
@@ -191,6 +205,8 @@ class PromptRequest(models.Model):
             models.Index(fields=["tenant", "-enqueued_at"]),
             # The workers' deadline sweep finds overdue queued rows without reading the queue.
             models.Index(fields=["status", "deadline_at"], name="request_status_deadline"),
+            # A job's output is rendered in input order; its counts are grouped by status.
+            models.Index(fields=["job", "line"], name="request_job_line"),
         ]
 
     def __str__(self) -> str:
@@ -230,3 +246,86 @@ class TenantUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} / {self.tier} @ {self.hour:%Y-%m-%d %H:00}"
+
+
+def _file_id() -> str:
+    return f"file-{secrets.token_hex(12)}"
+
+
+def _batch_id() -> str:
+    return f"batch_{secrets.token_hex(12)}"
+
+
+class StoredFile(models.Model):
+    """A file of the Files API (`/v1/files`): a batch's input, output or errors, kept through
+    Django's storage API (local MEDIA_ROOT by default, any django-storages backend)."""
+
+    class Purpose(models.TextChoices):
+        BATCH = "batch"
+        BATCH_OUTPUT = "batch_output"
+
+    id = models.CharField(primary_key=True, max_length=40, default=_file_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="files")
+    purpose = models.CharField(max_length=20, choices=Purpose.choices)
+    filename = models.CharField(max_length=255)
+    bytes = models.PositiveBigIntegerField(default=0)
+    content = models.FileField(upload_to="files/%Y/%m/%d/")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.filename})"
+
+
+class BulkJob(models.Model):
+    """A bulk job (an OpenAI batch): many prompts of one tenant, each a PromptRequest line with
+    its own row, claim, deadline and result. Counts are read from the lines (one GROUP BY), not
+    kept here: workers finishing lines never write this row."""
+
+    class Status(models.TextChoices):
+        VALIDATING = "validating"
+        FAILED = "failed"
+        IN_PROGRESS = "in_progress"
+        FINALIZING = "finalizing"
+        COMPLETED = "completed"
+        EXPIRED = "expired"
+        CANCELLING = "cancelling"
+        CANCELLED = "cancelled"
+
+    id = models.CharField(primary_key=True, max_length=40, default=_batch_id, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="jobs")
+    model = models.CharField(max_length=200, blank=True)
+    endpoint = models.CharField(max_length=40)
+    completion_window = models.CharField(max_length=10, default="24h")
+    status = models.CharField(
+        max_length=12, choices=Status.choices, default=Status.VALIDATING, db_index=True
+    )
+    total = models.PositiveIntegerField(default=0, help_text="Lines in the input file.")
+    input_file = models.ForeignKey(StoredFile, on_delete=models.PROTECT, related_name="input_of")
+    output_file = models.ForeignKey(
+        StoredFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="output_of"
+    )
+    error_file = models.ForeignKey(
+        StoredFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="errors_of"
+    )
+    errors = models.JSONField(null=True, blank=True, help_text="Why validation failed, by line.")
+    metadata = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    expired_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "-created_at"])]
+
+    def __str__(self) -> str:
+        return self.id

@@ -99,6 +99,10 @@ STORAGES = {
     # every page fails to render until collectstatic has run, the tests' and the demo's too.
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
+# Files of the Files API (batch input, output, errors) go through Django's storage API: local
+# files here by default; several API hosts share one django-storages backend (STORAGES) instead.
+MEDIA_ROOT = env.path("MEDIA_ROOT", default=STATE_DIR / "media")
+MEDIA_URL = "media/"
 
 LOGGING = {
     "version": 1,
@@ -254,3 +258,29 @@ same host by default. Behind a proxy REMOTE_ADDR is the proxy's: use the token t
 LLMQUEUE_METRICS_SLO_WINDOW_SECONDS = env.float("LLMQUEUE_METRICS_SLO_WINDOW_SECONDS", default=300)
 """The sliding window of llmqueue_slo_attainment (first token within the tier's target), in
 whole minutes: five of them smooth a burst's few requests without hiding a trend for long."""
+
+# --- Bulk jobs (the OpenAI Batch API, llmqueue/bulk/) -----------------------------------------
+LLMQUEUE_BULK_MAX_LINES = env.int("LLMQUEUE_BULK_MAX_LINES", default=50_000)
+"""Lines one batch input file may hold: OpenAI's own limit, so any batch it takes fits here."""
+LLMQUEUE_BULK_MAX_FILE_BYTES = env.int("LLMQUEUE_BULK_MAX_FILE_BYTES", default=200 * 1024 * 1024)
+"""Bytes one uploaded file may hold (OpenAI's batch limit, 200 MB); a larger upload is 413."""
+LLMQUEUE_BULK_MAX_ERRORS = env.int("LLMQUEUE_BULK_MAX_ERRORS", default=100)
+"""Validation errors a failed batch lists (the first ones, by line): enough to fix a file, and
+the batch object stays small."""
+LLMQUEUE_BULK_INSERT_CHUNK = env.int("LLMQUEUE_BULK_INSERT_CHUNK", default=2_000)
+"""Lines per INSERT transaction when a batch is stored: one short transaction per chunk keeps
+SQLite's write lock free for workers between chunks, and each round trip carries many rows."""
+LLMQUEUE_BULK_COMPLETION_WINDOWS = {"24h": 24 * 3600}
+"""completion_window values accepted (OpenAI's only one) and their seconds: a batch's lines not
+done by then end expired."""
+LLMQUEUE_BULK_DEPTH_SHARE = env.float("LLMQUEUE_BULK_DEPTH_SHARE", default=0.5)
+"""Share of a tier's max_queue_depth the bulk pacer fills with released lines: the rest is
+headroom for the tier's API callers, whom admission refuses only at the full depth."""
+LLMQUEUE_BULK_PACER_INTERVAL_SECONDS = env.float(
+    "LLMQUEUE_BULK_PACER_INTERVAL_SECONDS", default=0.5
+)
+"""Seconds between the pacer's ticks (release what fits, finish what is done): a queue drained
+between ticks idles at most this long, and each tick costs a few queries."""
+LLMQUEUE_BULK_PACER_LEASE_SECONDS = env.float("LLMQUEUE_BULK_PACER_LEASE_SECONDS", default=10.0)
+"""Seconds a pacer's Redis lease lasts without renewal: when its replica dies, another takes
+over within this bound (each tick renews it, so it must exceed the interval and a slow tick)."""

@@ -15,3 +15,6 @@ os.environ.setdefault("LLMQUEUE_WORKER_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("LLMQUEUE_WORKER_STALE_SECONDS", "3")
 
 from project.settings import *  # noqa: F403
+
+# Uploaded and rendered batch files of tests stay apart from the demo's.
+MEDIA_ROOT = STATE_DIR / "test-media"  # noqa: F405

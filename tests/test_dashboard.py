@@ -14,7 +14,7 @@ from contract import latency
 from llmqueue import latencies
 from llmqueue.metrics.dashboard import quantile
 from llmqueue.metrics.svg import line_chart
-from llmqueue.models import Tenant
+from llmqueue.models import PromptRequest, Tenant
 from tests.conftest import SIMULATED, Seeded, WorkerFactory
 from tests.test_cancel import ask
 from workers.depth_history import record_depths
@@ -95,3 +95,22 @@ def test_a_chart_escapes_its_labels_and_plots_each_point(seeded: Seeded):
     assert "<x>" not in svg and "&lt;x&gt;" in svg
     [points] = re.findall(r'points="([^"]+)"', svg)
     assert len(points.split()) == 2
+
+
+def test_the_dashboard_shows_each_unfinished_bulk_job_line_by_line(
+    seeded: Seeded, clean_redis: redis.Redis, admin_client: Client
+):
+    from tests.test_batches import line, submit
+
+    batch = submit(Client(), seeded.key, [line(f"r{i}") for i in range(4)])  # no pacer: held
+    PromptRequest.objects.filter(custom_id="r0").update(status=PromptRequest.Status.SUCCEEDED)
+    PromptRequest.objects.filter(custom_id="r1").update(status=PromptRequest.Status.RUNNING)
+    page = admin_client.get(reverse("llmqueue-dashboard")).content.decode()
+    cells = row_cells(page, "data-job", batch["id"])
+    assert (cells["status"], cells["held"], cells["running"], cells["succeeded"]) == (
+        "in_progress",
+        "2",
+        "1",
+        "1",
+    )
+    assert '<progress value="25" max="100"></progress> 1 / 4' in cells["progress"]

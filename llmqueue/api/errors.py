@@ -168,3 +168,17 @@ def error_response(error: ApiError) -> JsonResponse:
     # by reason instead. Crashes are still logged where they are caught (views.api_endpoint).
     response._has_been_logged = True
     return response
+
+
+class PayloadTooLarge(ApiError):
+    """An upload beyond the file size limit (LLMQUEUE_BULK_MAX_FILE_BYTES)."""
+
+    status = 413
+    code = "file_too_large"
+
+
+class Conflict(ApiError):
+    """The object is in a state that does not allow the call (a finished batch's cancel)."""
+
+    status = 409
+    code = "invalid_state"

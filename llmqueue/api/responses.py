@@ -1,10 +1,11 @@
-"""OpenAI-shaped response bodies for completions, chat, models and request status."""
+"""OpenAI-shaped response bodies for completions, chat, models, request status, files and
+batches."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from llmqueue.models import PromptRequest, ServedModel
+from llmqueue.models import BulkJob, PromptRequest, ServedModel, StoredFile
 
 S = PromptRequest.Status
 
@@ -101,4 +102,65 @@ def models_body(models: list[ServedModel]) -> dict[str, Any]:
             }
             for m in models
         ],
+    }
+
+
+def _epoch(value: Any) -> int | None:
+    return int(value.timestamp()) if value is not None else None
+
+
+def file_body(stored: StoredFile) -> dict[str, Any]:
+    return {
+        "id": stored.id,
+        "object": "file",
+        "bytes": stored.bytes,
+        "created_at": _epoch(stored.created_at),
+        "filename": stored.filename,
+        "purpose": stored.purpose,
+        "status": "processed",
+        "status_details": None,
+    }
+
+
+def batch_body(job: BulkJob, counts: dict[str, int]) -> dict[str, Any]:
+    """OpenAI's batch object; `counts` are its lines by status (failed: every line that ended
+    without output, expired and cancelled ones too)."""
+    done = sum(counts.get(s, 0) for s in (S.FAILED, S.EXPIRED, S.CANCELLED))
+    return {
+        "id": job.id,
+        "object": "batch",
+        "endpoint": job.endpoint,
+        "model": job.model or None,
+        "errors": {"object": "list", "data": job.errors} if job.errors else None,
+        "input_file_id": job.input_file_id,
+        "completion_window": job.completion_window,
+        "status": job.status,
+        "output_file_id": job.output_file_id,
+        "error_file_id": job.error_file_id,
+        "created_at": _epoch(job.created_at),
+        "in_progress_at": _epoch(job.in_progress_at),
+        "expires_at": _epoch(job.expires_at),
+        "finalizing_at": _epoch(job.finalizing_at),
+        "completed_at": _epoch(job.completed_at),
+        "failed_at": _epoch(job.failed_at),
+        "expired_at": _epoch(job.expired_at),
+        "cancelling_at": _epoch(job.cancelling_at),
+        "cancelled_at": _epoch(job.cancelled_at),
+        "request_counts": {
+            "total": job.total,
+            "completed": counts.get(S.SUCCEEDED, 0),
+            "failed": done,
+        },
+        "metadata": job.metadata,
+    }
+
+
+def list_body(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's cursor page."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
     }

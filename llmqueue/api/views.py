@@ -48,16 +48,16 @@ QUEUE_SECONDS_HEADER = "X-LLMQueue-Queue-Seconds"
 View = Callable[..., HttpResponse]
 
 
-def api_endpoint(method: str) -> Callable[[View], View]:
-    """Accept only `method`; turn every ApiError (and any crash) into an OpenAI-shaped error."""
+def api_endpoint(*methods: str) -> Callable[[View], View]:
+    """Accept only `methods`; turn every ApiError (and any crash) into an OpenAI-shaped error."""
 
     def decorate(view: View) -> View:
         @csrf_exempt
         @functools.wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
-                if request.method != method:
-                    raise MethodNotAllowed(f"Use {method} for this endpoint.")
+                if request.method not in methods:
+                    raise MethodNotAllowed(f"Use {' or '.join(methods)} for this endpoint.")
                 return view(request, *args, **kwargs)
             except ApiError as error:
                 if is_client_error(error):

@@ -11,11 +11,12 @@ import time
 from dataclasses import dataclass, field
 
 import redis
+from django.db.models import Count, Q
 
 from contract import latency
 from contract.keys import admissions_window_key, depth_history_key, latency_window_key
 from llmqueue.metrics import readings
-from llmqueue.models import Tier
+from llmqueue.models import BulkJob, Tier
 
 RATE_WINDOW_MINUTES = 5  # "now": the last five minutes, as SLO attainment's default window
 HISTORY_MINUTES = 60
@@ -34,6 +35,26 @@ class LaneRow:
 
 
 @dataclass(frozen=True)
+class JobRow:
+    """A bulk job not finished yet: its lines by status."""
+
+    id: str
+    tenant: str
+    tier: str
+    status: str
+    total: int
+    lines: dict[str, int]
+
+    @property
+    def done(self) -> int:
+        return sum(self.lines.get(s, 0) for s in ("succeeded", "failed", "expired", "cancelled"))
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.done / self.total) if self.total else 0
+
+
+@dataclass(frozen=True)
 class Series:
     label: str
     points: list[tuple[int, float]]  # (epoch minute, value)
@@ -46,6 +67,7 @@ class Dashboard:
     depth: list[Series] = field(default_factory=list)
     p99_wait: list[Series] = field(default_factory=list)
     minutes: tuple[int, int] = (0, 0)  # first and last minute of the plots
+    jobs: list[JobRow] = field(default_factory=list)
 
 
 def quantile(counts: dict[str, int], q: float) -> float | None:
@@ -121,6 +143,28 @@ def history(
     return depth, waits
 
 
+LINE_STATUSES = ("held", "queued", "running", "succeeded", "failed", "expired", "cancelled")
+UNFINISHED_JOBS = ("validating", "in_progress", "finalizing", "cancelling")
+
+
+def active_jobs(limit: int = 20) -> list[JobRow]:
+    """The oldest unfinished bulk jobs, their lines counted by status in one grouped query."""
+    counts = {s: Count("lines", filter=Q(lines__status=s)) for s in LINE_STATUSES}
+    jobs = (
+        BulkJob.objects.filter(status__in=UNFINISHED_JOBS)
+        .select_related("tenant", "tier")
+        .annotate(**counts)
+        .order_by("created_at")[:limit]
+    )
+    return [
+        JobRow(
+            job.id, job.tenant.name, job.tier.name, job.status, job.total,
+            {s: getattr(job, s) for s in LINE_STATUSES},
+        )
+        for job in jobs
+    ]  # fmt: skip
+
+
 def build(client: redis.Redis, now: float | None = None) -> Dashboard:
     now = time.time() if now is None else now
     minute = latency.minute_of(now)
@@ -139,4 +183,5 @@ def build(client: redis.Redis, now: float | None = None) -> Dashboard:
         )  # fmt: skip
     queues = [f"{lane.pool}.{lane.tier}" for lane in lanes]
     depth, waits = history(client, queues, tiers, minute)
-    return Dashboard(lanes, found.workers, depth, waits, (minute - HISTORY_MINUTES + 1, minute))
+    history_span = (minute - HISTORY_MINUTES + 1, minute)
+    return Dashboard(lanes, found.workers, depth, waits, history_span, active_jobs())

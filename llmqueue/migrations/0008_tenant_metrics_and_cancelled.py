@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('llmqueue', '0006_tiers_per_request'),
+        ('llmqueue', '0007_bulk_jobs'),
     ]
 
     operations = [
