@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from django.conf import settings
@@ -19,12 +23,14 @@ from django.db import connection
 from contract import liveness
 from devtools.tiny_model import build_tiny_model
 from llmqueue.api.auth import forget_cached_callers
+from llmqueue.bulk.pacer import run_pacer
 from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
-from llmqueue.models import PromptRequest
+from llmqueue.models import PromptRequest, Tenant, Tier
 from llmqueue.queueing.routing import forget_cached_routes
 from workers import processes
 from workers.command import worker_argv
 from workers.options import SlotOptions
+from workers.processes import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = Path(settings.STATE_DIR) / "models" / "tiny-llama"
@@ -75,6 +81,33 @@ def seeded(transactional_db: None, clean_redis: redis.Redis) -> Seeded:
     tenant, key = create_tenant_with_key("acme", tiers["interactive"])
     _, other = create_tenant_with_key("globex", tiers["batch"])
     return Seeded(key, other, tenant.pk, tenant.tier_id)
+
+
+@pytest.fixture
+def bulk_tier(seeded: Seeded) -> Tier:
+    """acme may run its batches on the flex tier ("batch")."""
+    tier = Tier.objects.get(name="batch")
+    Tenant.objects.get(pk=seeded.tenant_id).allowed_tiers.add(tier)
+    return tier
+
+
+@contextmanager
+def pacer_running(interval_seconds: float = 0.1) -> Iterator[None]:
+    """The bulk pacer (manage.py bulk_pacer's loop) in a thread of this process."""
+    stop = threading.Event()
+    thread = threading.Thread(target=run_pacer, args=(stop, interval_seconds), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def pacer_thread(seeded: Seeded) -> Iterator[None]:
+    with pacer_running():
+        yield
 
 
 def queued_messages(client: redis.Redis) -> int:
@@ -232,3 +265,31 @@ def vllm_args(model: Path, max_num_seqs: int = 16) -> tuple[str, ...]:
         "--max-num-seqs", str(max_num_seqs), "--dtype", "float32",
         "--gpu-memory-utilization", "0.1", "--max-model-len", "2048",
     )  # fmt: skip
+
+
+@pytest.fixture
+def production_server(tmp_path: Path) -> Iterator[str]:
+    """The README's production commands: collectstatic, then granian serving project.wsgi."""
+    env = {**subprocess_env(), "STATIC_ROOT": str(tmp_path / "static")}
+    collect = [sys.executable, "manage.py", "collectstatic", "--noinput"]
+    subprocess.run(collect, cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1",
+        "--port", str(port), "--workers", "2", "--blocking-threads", "32", "--no-ws",
+        "project.wsgi:application",
+    ]  # fmt: skip
+    server = processes.start("api", argv, cwd=REPO, env=env, ports=(port,), inherit_output=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/admin/login/", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(up, 30, "granian")
+        yield url
+    finally:
+        processes.stop(server)

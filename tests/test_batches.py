@@ -4,9 +4,7 @@ the official SDK on a simulated worker, cancel and expiry, and a 10,000-line bat
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,8 +18,8 @@ from django.utils import timezone
 
 from contract.keys import bucket_key
 from llmqueue.bulk.finalize import advance_jobs
-from llmqueue.bulk.pacer import Pacer, run_pacer
-from llmqueue.models import BulkJob, PromptRequest, StoredFile, Tenant, Tier
+from llmqueue.bulk.pacer import Pacer
+from llmqueue.models import BulkJob, PromptRequest, StoredFile, Tier
 from tests.conftest import SIMULATED, Seeded, WorkerFactory, queued_messages, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,14 +57,6 @@ def submit(client: Client, key: str, lines: list[Any], **extra: Any) -> dict[str
     response = create_batch(client, key, file_id, **extra)
     assert response.status_code == 200, response.content
     return dict(response.json())
-
-
-@pytest.fixture
-def bulk_tier(seeded: Seeded) -> Tier:
-    """acme may run its batches on the flex tier ("batch")."""
-    tier = Tier.objects.get(name="batch")
-    Tenant.objects.get(pk=seeded.tenant_id).allowed_tiers.add(tier)
-    return tier
 
 
 def file_lines(client: Client, key: str, file_id: str) -> list[dict[str, Any]]:
@@ -146,16 +136,6 @@ def test_batches_list_with_cursor_pagination(seeded: Seeded, clean_redis):
     rest = client.get(f"/v1/batches?limit=2&after={page['last_id']}", **auth(seeded.key)).json()
     assert [b["id"] for b in rest["data"]] == [ids[0]] and rest["has_more"] is False
     assert client.get("/v1/batches", **auth(seeded.other_key)).json()["data"] == []
-
-
-@pytest.fixture
-def pacer_thread(seeded: Seeded) -> Iterator[None]:
-    stop = threading.Event()
-    thread = threading.Thread(target=run_pacer, args=(stop, 0.1), daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join(timeout=10)
 
 
 def test_openai_sdk_batch_round_trip_on_a_simulated_worker(

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 from django.contrib.auth import get_user_model
@@ -19,42 +15,13 @@ from llmqueue.api.auth import caller_for_key
 from llmqueue.api.validation import PromptSpec
 from llmqueue.queueing.routing import resolve_model
 from llmqueue.queueing.submission import submit_prompts
-from tests.conftest import REPO, Seeded, pretend_live, subprocess_env, wait_until
-from workers import processes
+from tests.conftest import REPO, Seeded, pretend_live
 from workers.depth_history import record_depths
-from workers.processes import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Screenshots stay here after the run (CI keeps the checkout): open them to see what was tested.
 ARTIFACTS = Path(os.environ.get("LLMQUEUE_TEST_ARTIFACTS", REPO / ".llmqueue" / "test-artifacts"))
-
-
-@pytest.fixture
-def production_server(tmp_path: Path) -> Iterator[str]:
-    env = {**subprocess_env(), "STATIC_ROOT": str(tmp_path / "static")}
-    collect = [sys.executable, "manage.py", "collectstatic", "--noinput"]
-    subprocess.run(collect, cwd=REPO, env=env, check=True, capture_output=True, timeout=120)
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1",
-        "--port", str(port), "--workers", "2", "--blocking-threads", "32", "--no-ws",
-        "project.wsgi:application",
-    ]  # fmt: skip
-    server = processes.start("api", argv, cwd=REPO, env=env, ports=(port,), inherit_output=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/admin/login/", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(up, 30, "granian")
-        yield url
-    finally:
-        processes.stop(server)
 
 
 def test_the_styled_admin_and_the_dashboard_show_a_known_backlog(

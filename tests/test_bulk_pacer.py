@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from llmqueue.bulk.finalize import advance_jobs
-from llmqueue.bulk.pacer import LEASE_KEY, Pacer, run_pacer
+from llmqueue.bulk.pacer import LEASE_KEY, Pacer
 from llmqueue.models import BulkJob, PromptRequest, Tenant, Tier
 from tests.conftest import SIMULATED, Seeded, WorkerFactory, queued_messages, wait_until
 from tests.test_api import post
@@ -27,23 +26,6 @@ from tests.test_cancel import SLOW, in_engine
 pytestmark = pytest.mark.django_db(transaction=True)
 S = PromptRequest.Status
 QUEUE = "default.batch"
-
-
-@pytest.fixture
-def bulk_tier(seeded: Seeded) -> Tier:
-    tier = Tier.objects.get(name="batch")
-    Tenant.objects.get(pk=seeded.tenant_id).allowed_tiers.add(tier)
-    return tier
-
-
-@pytest.fixture
-def pacer_thread(seeded: Seeded) -> Iterator[None]:
-    stop = threading.Event()
-    thread = threading.Thread(target=run_pacer, args=(stop, 0.1), daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join(timeout=10)
 
 
 def test_a_job_beyond_the_tenants_tpm_and_the_tiers_depth_is_paced_and_completes(

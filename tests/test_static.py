@@ -7,10 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_browser import production_server
-
 pytestmark = pytest.mark.django_db(transaction=True)
-__all__ = ["production_server"]  # the fixture: the README's production commands
 
 
 def test_the_readme_production_commands_serve_the_admin_stylesheet(
