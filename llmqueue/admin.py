@@ -83,7 +83,7 @@ class TenantAdmin(admin.ModelAdmin):
     list_filter = ("tier", "is_active", "track_in_metrics")
     list_editable = ("is_active", "track_in_metrics")
     search_fields = ("name",)
-    filter_horizontal = ("allowed_tiers",)
+    filter_horizontal = ("allowed_tiers", "members")
     inlines = [ApiKeyInline]
 
     @admin.display(description="usage")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import uuid
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -100,6 +101,13 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Share of its bulk tiers' service, in tokens, against other tenants' bulk jobs "
         "on the same tier (2: twice the tokens of a tenant of weight 1 while both wait).",
+    )
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="tenants",
+        help_text="Users who may run and watch this tenant's bulk jobs on the /bulk/ pages "
+        "(staff see every tenant's).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
