@@ -8,10 +8,10 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest
 
-from llmqueue.api.errors import Forbidden, Unauthenticated
+from llmqueue.api.errors import Forbidden, NotFound, Unauthenticated
 from llmqueue.apikeys import hash_key
 from llmqueue.invalidation import forget_on_config_change
-from llmqueue.models import ApiKey, Tier
+from llmqueue.models import ApiKey, Tenant, Tier
 from llmqueue.ttl_cache import TtlCache
 
 
@@ -48,7 +48,7 @@ class Caller:
     tier until llmqueue/api/tiers.py picks another), read from the DB at most every
     LLMQUEUE_AUTH_CACHE_SECONDS."""
 
-    key_id: int
+    key_id: int | None  # None: an operator's bulk job (web pages, command line), no key
     tenant_id: int
     tenant_name: str
     tenant_active: bool
@@ -96,14 +96,18 @@ def _load_caller(key_hash: str) -> Caller | None:
     key = ApiKey.objects.select_related("tenant__tier").filter(key_hash=key_hash).first()
     if key is None:
         return None
-    tenant, tier = key.tenant, key.tenant.tier
+    return _caller(key.tenant, key.pk, key.is_revoked)
+
+
+def _caller(tenant: Tenant, key_id: int | None, key_revoked: bool) -> Caller:
+    tier = tenant.tier
     allowed = {tier.name, *tenant.allowed_tiers.values_list("name", flat=True)}
     return Caller(
-        key_id=key.pk,
+        key_id=key_id,
         tenant_id=tenant.pk,
         tenant_name=tenant.name,
         tenant_active=tenant.is_active,
-        key_revoked=key.is_revoked,
+        key_revoked=key_revoked,
         max_tokens_per_request=tenant.max_tokens_per_request,
         requests_per_second=tenant.requests_per_second,
         burst=tenant.burst,
@@ -140,6 +144,18 @@ def caller_for_key(plaintext: str, fresh: bool = False) -> Caller:
     if not caller.tenant_active:
         raise Forbidden(f"Tenant {caller.tenant_name!r} is deactivated.")
     return caller
+
+
+def caller_for_tenant(tenant_id: int) -> Caller:
+    """The Caller of a tenant itself, read from the database now: an operator's bulk job from
+    the web pages or the command line, under the tenant's limits. 404 for an unknown tenant,
+    403 for a deactivated one, as for its keys."""
+    tenant = Tenant.objects.select_related("tier").filter(pk=tenant_id).first()
+    if tenant is None:
+        raise NotFound(f"No tenant with id {tenant_id}.", code="tenant_not_found")
+    if not tenant.is_active:
+        raise Forbidden(f"Tenant {tenant.name!r} is deactivated.")
+    return _caller(tenant, None, False)
 
 
 @forget_on_config_change

@@ -12,7 +12,7 @@ from llmqueue.api import validation
 from llmqueue.api.auth import Caller, authenticate
 from llmqueue.api.errors import BadRequest, Conflict, InvalidParameter, NotFound, PayloadTooLarge
 from llmqueue.api.responses import batch_body, file_body, list_body
-from llmqueue.api.tiers import TIER_HEADER, caller_on_tier
+from llmqueue.api.tiers import TIER_HEADER, caller_on_tier, on_bulk_tier
 from llmqueue.api.views import api_endpoint
 from llmqueue.bulk import files, jobs
 from llmqueue.bulk.cancel import cancel_job
@@ -99,12 +99,7 @@ def _batch_caller(request: HttpRequest) -> Caller:
     header = request.headers.get(TIER_HEADER)
     if header is not None:
         return caller_on_tier(lambda fresh: authenticate(request, fresh), None, header)
-    caller = authenticate(request)
-    flex = next(
-        (t for t in caller.tiers if t.service_tier == "flex" and t.name in caller.allowed_tiers),
-        None,
-    )
-    return caller if flex is None else caller.on_tier(flex)
+    return on_bulk_tier(authenticate(request))
 
 
 def _own_job(caller: Caller, batch_id: str) -> BulkJob:

@@ -88,3 +88,16 @@ def tier_of_service_tier(caller: Caller, value: Any) -> str | None:
             param="service_tier",
         )
     return None if tier is None else tier.name
+
+
+def on_bulk_tier(caller: Caller, name: str | None = None) -> Caller:
+    """`caller` on the tier a bulk job runs on: the one `name` names (403 if the tenant may not
+    use it), else the flex tier when the tenant may use one (OpenAI's tier for work that can
+    wait), else its default tier."""
+    if name:
+        return choose_tier(caller, None, name)
+    flex = next(
+        (t for t in caller.tiers if t.service_tier == "flex" and t.name in caller.allowed_tiers),
+        None,
+    )
+    return caller if flex is None else caller.on_tier(flex)

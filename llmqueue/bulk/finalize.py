@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -97,11 +98,20 @@ def render(job: BulkJob) -> tuple[bytes, bytes]:
     """The job's output lines (succeeded) and error lines (the rest), each in input order."""
     output: list[str] = []
     errors: list[str] = []
-    rows = PromptRequest.objects.filter(job=job).order_by("line")
-    for row in rows.iterator(chunk_size=_RENDER_CHUNK):
-        line = output_line(row)
-        (output if row.status == S.SUCCEEDED else errors).append(json.dumps(line))
+    for succeeded, text in rendered_lines(job):
+        (output if succeeded else errors).append(text)
     return _jsonl(output), _jsonl(errors)
+
+
+def rendered_lines(job: BulkJob, finished_only: bool = False) -> Iterator[tuple[bool, str]]:
+    """(succeeded, its output or error line as JSON) for each line, in input order;
+    `finished_only` leaves out the lines still held, queued or running (a running job's
+    results so far)."""
+    rows = PromptRequest.objects.filter(job=job).order_by("line")
+    if finished_only:
+        rows = rows.exclude(status__in=UNFINISHED)
+    for row in rows.iterator(chunk_size=_RENDER_CHUNK):
+        yield row.status == S.SUCCEEDED, json.dumps(output_line(row))
 
 
 def _jsonl(lines: list[str]) -> bytes:

@@ -92,24 +92,43 @@ def create_job(caller: Caller, body: dict[str, Any], now: datetime | None = None
     validation with its errors by line and nothing stored of its lines, or in progress with
     every line stored held."""
     endpoint = check_endpoint(body.get("endpoint"))
-    window = completion_window_seconds(body.get("completion_window"))
+    completion_window_seconds(body.get("completion_window"))  # refused before the file is read
     metadata = check_metadata(body.get("metadata"))
     stored = input_file(caller, body.get("input_file_id"))
     now = now or timezone.now()
-    job = BulkJob.objects.create(
-        tenant_id=caller.tenant_id,
-        tier_id=caller.tier_id,
-        endpoint=endpoint,
-        completion_window=body["completion_window"],
-        input_file=stored,
-        metadata=metadata,
-        expires_at=now + timedelta(seconds=window),
-    )
+    job = new_job(caller, stored, endpoint, body["completion_window"], metadata, now)
     parsed = parse_lines(read_content(stored), caller, endpoint)
     if parsed.errors or parsed.route is None:
         return fail_validation(job, parsed.errors)
+    return start_job(job, caller, parsed.route, parsed.lines, now)
+
+
+def new_job(
+    caller: Caller,
+    stored: StoredFile,
+    endpoint: str,
+    window: str,
+    metadata: dict[str, str] | None,
+    now: datetime,
+) -> BulkJob:
+    """The job's row, validating, on the caller's tenant and tier; it expires `window` from now."""
+    return BulkJob.objects.create(
+        tenant_id=caller.tenant_id,
+        tier_id=caller.tier_id,
+        endpoint=endpoint,
+        completion_window=window,
+        input_file=stored,
+        metadata=metadata,
+        expires_at=now + timedelta(seconds=completion_window_seconds(window)),
+    )
+
+
+def start_job(
+    job: BulkJob, caller: Caller, route: ModelRoute, lines: list[Line], now: datetime
+) -> BulkJob:
+    """Store a validated job's lines held and put it in progress (the pacer takes it on)."""
     try:
-        store_lines(job, caller, parsed.route, parsed.lines, now)
+        store_lines(job, caller, route, lines, now)
     except DatabaseError:
         log.exception("could not store the lines of %s", job.id)
         PromptRequest.objects.filter(job=job).delete()
@@ -117,8 +136,7 @@ def create_job(caller: Caller, body: dict[str, Any], now: datetime | None = None
             job, [LineError("storage_failed", "The lines could not be stored; retry.")]
         )
     BulkJob.objects.filter(pk=job.pk).update(
-        status=J.IN_PROGRESS, in_progress_at=timezone.now(), total=len(parsed.lines),
-        model=parsed.route.name,
+        status=J.IN_PROGRESS, in_progress_at=timezone.now(), total=len(lines), model=route.name,
     )  # fmt: skip
     job.refresh_from_db()
     return job

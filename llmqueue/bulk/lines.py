@@ -1,6 +1,7 @@
 """A batch input file's lines → validated prompts, with the same validation as single requests.
 
-Each line is `{"custom_id", "method": "POST", "url": <the batch's endpoint>, "body"}`; its body is
+Each line is `{"custom_id", "method": "POST", "url": <the batch's endpoint>, "body"}` (a JSONL
+line, or a CSV row made one by llmqueue/bulk/csv_input.py); its body is
 checked by the API's own parser for that endpoint (llmqueue/api/validation.py), so a line is
 accepted exactly when the same body sent alone would be (and could ever fit the tenant's tokens
 per minute). Every line is checked before anything is stored: one bad line fails the batch.
@@ -9,9 +10,9 @@ per minute). Every line is checked before anything is stored: one bad line fails
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -27,6 +28,7 @@ ENDPOINTS: dict[str, Callable[..., PromptSpec]] = {
     "/v1/completions": validation.parse_completion,
 }
 LINE_FIELDS = frozenset({"custom_id", "method", "url", "body"})
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class Parsed:
     route: ModelRoute | None
 
 
-def _line_object(raw: bytes) -> dict[str, Any]:
+def line_object(raw: bytes) -> dict[str, Any]:
+    """One JSONL line as a line object, or why it is not one."""
     try:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -126,15 +129,30 @@ def _route(body: dict[str, Any], current: ModelRoute | None) -> ModelRoute:
         raise LineInvalid(error.code or "invalid_request", error.message, "body.model") from error
 
 
+def jsonl_entries(data: bytes) -> list[tuple[int, bytes]]:
+    """A JSONL file's non-blank lines with their 1-based numbers."""
+    return [(n, raw) for n, raw in enumerate(data.split(b"\n"), start=1) if raw.strip()]
+
+
 def parse_lines(data: bytes, caller: Caller, endpoint: str) -> Parsed:
-    """Every line of `data` validated; the first LLMQUEUE_BULK_MAX_ERRORS errors if any."""
+    """Every line of a JSONL file validated; the first LLMQUEUE_BULK_MAX_ERRORS errors if any."""
+    return parse_entries(jsonl_entries(data), line_object, caller, endpoint)
+
+
+def parse_entries(
+    entries: Sequence[tuple[int, T]],
+    decode: Callable[[T], dict[str, Any]],
+    caller: Caller,
+    endpoint: str,
+) -> Parsed:
+    """Numbered entries of any input format, each made a line object by `decode` (which raises
+    LineInvalid), then validated as one batch: a JSONL file's lines, a CSV file's rows."""
     limit = settings.LLMQUEUE_BULK_MAX_ERRORS
-    raw_lines = [(n, raw) for n, raw in enumerate(data.split(b"\n"), start=1) if raw.strip()]
-    if not raw_lines:
+    if not entries:
         return Parsed([], [LineError("empty_file", "The input file has no lines.")], None)
-    if len(raw_lines) > settings.LLMQUEUE_BULK_MAX_LINES:
+    if len(entries) > settings.LLMQUEUE_BULK_MAX_LINES:
         message = (
-            f"The input file has {len(raw_lines)} lines; a batch takes at most "
+            f"The input file has {len(entries)} lines; a batch takes at most "
             f"{settings.LLMQUEUE_BULK_MAX_LINES}."
         )
         return Parsed([], [LineError("too_many_lines", message)], None)
@@ -142,9 +160,9 @@ def parse_lines(data: bytes, caller: Caller, endpoint: str) -> Parsed:
     errors: list[LineError] = []
     seen: set[str] = set()
     route: ModelRoute | None = None
-    for number, raw in raw_lines:
+    for number, raw in entries:
         try:
-            obj = _line_object(raw)
+            obj = decode(raw)
             custom_id = _check_envelope(obj, endpoint)
             if custom_id in seen:
                 raise LineInvalid(
