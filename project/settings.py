@@ -50,6 +50,13 @@ API_MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "project.urls"
+LOGIN_URL = "bulk-login"
+"""Where a page that needs a login sends an anonymous visitor: the /bulk/ pages' own login,
+which takes any active user (the admin's takes staff only)."""
+LOGIN_REDIRECT_URL = "bulk-jobs"
+"""Where a login without a `next` page lands: the bulk job list."""
+LOGOUT_REDIRECT_URL = "bulk-login"
+"""Where the /bulk/ pages' log out lands."""
 WSGI_APPLICATION = "project.wsgi.application"
 
 TEMPLATES = [

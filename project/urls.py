@@ -1,4 +1,5 @@
-"""Top-level URLs: the admin and its queue dashboard, the OpenAI-compatible API, /metrics."""
+"""Top-level URLs: the admin and its queue dashboard, the bulk job pages, the OpenAI-compatible
+API, /metrics."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -13,6 +14,7 @@ urlpatterns = [
         name="llmqueue-dashboard",
     ),
     path("admin/", admin.site.urls),
+    path("bulk/", include("llmqueue.bulk_pages.urls")),
     path("v1/", include("llmqueue.api.urls")),
     path("metrics", metrics, name="metrics"),
 ]
