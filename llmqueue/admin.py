@@ -18,6 +18,7 @@ from django.utils.html import format_html
 from llmqueue import usage
 from llmqueue.apikeys import assign_new_secret
 from llmqueue.bulk.cancel import cancel_job
+from llmqueue.bulk.retry import RETRIED_JOBS, retry_failed
 from llmqueue.cancellation import cancel_requests
 from llmqueue.invalidation import bump_config_version
 from llmqueue.models import (
@@ -239,10 +240,10 @@ class BulkJobAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     list_select_related = ("tenant", "tier")
     readonly_fields = [f.name for f in BulkJob._meta.fields]
-    actions = ["cancel_selected"]
+    actions = ["cancel_selected", "retry_failed_lines"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # jobs come in through the Batch API
+        return False  # jobs come in through the Batch API and the /bulk/ pages
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[BulkJob]:
         counts = {name: Count("lines", filter=Q(lines__status=name)) for name in LINE_COUNTS}
@@ -262,6 +263,19 @@ class BulkJobAdmin(admin.ModelAdmin):
         jobs = [cancel_job(job) for job in queryset]
         cancelling = sum(job.status == BulkJob.Status.CANCELLING for job in jobs)
         self.message_user(request, f"Cancelling {cancelling} job(s).")
+
+    @admin.action(description="Retry failed and expired lines of selected finished jobs")
+    def retry_failed_lines(self, request: HttpRequest, queryset: QuerySet[BulkJob]) -> None:
+        retried = [retry_failed(job) for job in queryset]
+        jobs = sum(1 for lines in retried if lines)
+        kinds = " or ".join(RETRIED_JOBS)
+        note = (
+            f"; {len(retried) - jobs} left as they are (retried: the failed and expired lines of "
+            f"{kinds} jobs)"
+            if jobs < len(retried)
+            else ""
+        )
+        self.message_user(request, f"Retrying {sum(retried)} line(s) of {jobs} job(s){note}.")
 
 
 @admin.register(StoredFile)
