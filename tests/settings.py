@@ -13,6 +13,10 @@ os.environ.setdefault("LLMQUEUE_UNACKED_RESTORE_INTERVAL_SECONDS", "1")
 os.environ.setdefault("LLMQUEUE_AUTH_CACHE_SECONDS", "1")
 os.environ.setdefault("LLMQUEUE_WORKER_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("LLMQUEUE_WORKER_STALE_SECONDS", "3")
+# The reconciler's timings shrunk to match: a lost message is republished within ~3 s.
+os.environ.setdefault("LLMQUEUE_RECONCILE_INTERVAL_SECONDS", "0.5")
+os.environ.setdefault("LLMQUEUE_RECONCILE_GRACE_SECONDS", "2")
+os.environ.setdefault("LLMQUEUE_RECONCILE_CONFIRM_SECONDS", "1")
 
 from project.settings import *  # noqa: F403
 
