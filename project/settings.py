@@ -5,6 +5,7 @@ import warnings
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything the project generates at run time (SQLite file, embedded Redis data, tiny model).
@@ -14,8 +15,19 @@ STATE_DIR.mkdir(exist_ok=True)
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-key-change-me")
 DEBUG = env.bool("DEBUG", default=False)
+LLMQUEUE_DEMO = env.bool("LLMQUEUE_DEMO", default=False)
+"""Set by `make demo` (devtools/demo.py) for itself and its children: only then may SECRET_KEY
+be left unset, and a fixed development key signs the demo's sessions."""
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not (LLMQUEUE_DEMO or DEBUG):
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set it in the environment or in .env (a long random string, "
+            "the same on every API replica and worker: sessions, CSRF tokens and the admin's "
+            "signed data depend on it); only the demo (make demo) runs without one."
+        )
+    SECRET_KEY = "dev-only-insecure-key-for-the-demo-and-debugging"
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 
 INSTALLED_APPS = [

@@ -7,6 +7,7 @@ tests (which inherit DJANGO_SETTINGS_MODULE=tests.settings) see exactly the same
 import os
 
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
+os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-not-for-production-use-0123456789")
 # Seconds, not an hour: the SIGKILL test shows redelivery of a dead worker's messages.
 os.environ.setdefault("LLMQUEUE_VISIBILITY_TIMEOUT_SECONDS", "8")
 os.environ.setdefault("LLMQUEUE_UNACKED_RESTORE_INTERVAL_SECONDS", "1")
