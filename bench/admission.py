@@ -237,7 +237,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--api-workers", type=int, default=2, help="granian processes")
     parser.add_argument("--threads", type=int, default=8, help="granian blocking threads")
     parser.add_argument("--client-loop", choices=["uvloop", "asyncio"], default="uvloop")
-    parser.add_argument("--redis-db", type=int, default=12, help="Redis db number, flushed")
+    parser.add_argument("--redis-db", type=int, default=5, help="Redis db number, flushed")
     parser.add_argument(
         "--database-url", default=None, help="override $DATABASE_URL (postgres://… or sqlite:///…)"
     )

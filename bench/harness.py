@@ -114,6 +114,7 @@ def bench_database(name: str, url: str | None = None) -> BenchDatabase:
 def bench_env(database: BenchDatabase, redis: str, **extra: str) -> dict[str, str]:
     """The environment of every child: our DB and Redis db, production-like settings."""
     env = dict(os.environ)
+    env.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-use-0123456789")
     env.update(
         DJANGO_SETTINGS_MODULE="project.settings",
         DATABASE_URL=database.url,

@@ -253,7 +253,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="WARNING",
         help="INFO also reports Celery's per-task 'succeeded in' time (costs a log line per task)",
     )
-    parser.add_argument("--redis-db", type=int, default=13, help="Redis db number, flushed")
+    parser.add_argument("--redis-db", type=int, default=6, help="Redis db number, flushed")
     parser.add_argument(
         "--database-url", default=None, help="override $DATABASE_URL (postgres://… or sqlite:///…)"
     )

@@ -46,6 +46,7 @@ TITLES = {
     "admission": "Admission under load",
     "deadlines": "Deadline order within a tier",
     "metrics_overhead": "What metrics and event logs cost the request path",
+    "bulk": "Bulk jobs: acceptance, engine throughput, interactive waits, fairness",
 }
 
 DESCRIPTIONS = {
@@ -202,6 +203,17 @@ figures of `/metrics` counted and the lifecycle events logged (the defaults) and
 `--repeats` times each. On costs, per request, one more `HINCRBY` pair inside admission's script,
 a few histogram increments in the recorder's existing pipeline (per batch, not per request) and
 one JSON log line per event.""",
+    "bulk": """\
+Three phases, each with its own DB, Redis db, the API under granian and `manage.py bulk_pacer`.
+**enqueue**: `POST /v1/files` + `POST /v1/batches` of 10,000 lines, timed until the batch answers
+(every line validated and stored held), the API's peak RSS sampled meanwhile. **vllm**: a 1,000-line
+job (128 tokens each) on one vLLM worker (tiny model, bench.throughput's engine) from creation to
+`completed`, against `LLM.generate` of the same prompts in a child; an interactive tenant sends one
+16-token request every 0.5 s with no job, then during it, and its first-token wait (the row's
+first_token_at − enqueued_at) is compared. **fairness**: two tenants of one tier (depth 32, the
+pacer's half is 16 lines) on the simulated engine, jobs of 2,000 and 200 lines of random sizes, the
+second created 10 s later; the largest difference in tokens started while both have lines not
+started.""",
     "deadlines": """\
 When does ordering a tier's queue by deadline (earliest deadline first,
 `llmqueue/queueing/deadline_order.py`) beat FIFO? One tier (max wait 30 s); *urgent* requests
@@ -476,6 +488,30 @@ def metrics_overhead_tables(data: dict[str, Any]) -> list[str]:
     return md_table(("figure", "value"), rows)
 
 
+def bulk_tables(data: dict[str, Any]) -> list[str]:
+    interactive = data.get("interactive_requests") or {}
+    rows = [
+        ["10,000 lines accepted and stored (s)", cell(data.get("enqueue_10k_s"))],
+        ["web RSS idle / peak during it (MiB)",
+         f"{cell(data.get('web_idle_rss_mb'))} / {cell(data.get('web_peak_rss_mb'))}"],
+        ["job on vLLM / LLM.generate (s)",
+         f"{cell(data.get('job_s'))} / {cell(data.get('direct_s'))}"],
+        ["ratio", cell(data.get("ratio"))],
+        ["interactive first-token p50 idle / during (ms)",
+         f"{cell(data.get('interactive_p50_ms_idle'))} / "
+         f"{cell(data.get('interactive_p50_ms_during_bulk'))}"],
+        ["interactive first-token p99 idle / during (ms)",
+         f"{cell(data.get('interactive_p99_ms_idle'))} / "
+         f"{cell(data.get('interactive_p99_ms_during_bulk'))}"],
+        ["interactive requests idle / during / refused",
+         f"{cell(interactive.get('idle'))} / {cell(interactive.get('during_bulk'))} / "
+         f"{cell(interactive.get('refused'))}"],
+        ["fairness gap / largest request (tokens)",
+         f"{cell(data.get('fairness_gap_tokens'))} / {cell(data.get('largest_request_tokens'))}"],
+    ]  # fmt: skip
+    return md_table(("figure", "value"), rows)
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "scheduling_sweep": scheduling_sweep_tables,
     "throughput": throughput_tables,
@@ -484,6 +520,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "admission": admission_tables,
     "deadlines": deadlines_tables,
     "metrics_overhead": metrics_overhead_tables,
+    "bulk": bulk_tables,
 }
 
 

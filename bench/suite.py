@@ -162,6 +162,18 @@ def metrics_overhead_figures(data: dict[str, Any]) -> list[Figure]:
     ]
 
 
+def bulk_figures(data: dict[str, Any]) -> list[Figure]:
+    return [
+        Figure("10,000-line batch accepted and stored, s", number(data.get("enqueue_10k_s")),
+               10.0, LE),
+        Figure("1,000-line job on vLLM ÷ LLM.generate", number(data.get("ratio")), 0.85, GE),
+        Figure("interactive first-token p99 during the job ÷ idle",
+               number(data.get("interactive_p99_during_vs_idle")), 2.0, LE),
+        Figure("fairness gap ÷ largest request (tokens)",
+               number(data.get("fairness_gap_vs_largest")), 4.0, LE),
+    ]  # fmt: skip
+
+
 def scheduling_sweep_figures(data: dict[str, Any]) -> list[Figure]:
     runs = [run for run in data.get("runs") or [] if isinstance(run, dict)]
     met = [all((run.get("checks") or {"": False}).values()) for run in runs]
@@ -233,6 +245,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("deadlines", ("--quick",), (), deadlines_figures),
     # 2 turns per side of the admission (5 s phases) and latency (20 s) runs, ~6 min; full: 4.
     Bench("metrics_overhead", ("--repeats", "2"), (), metrics_overhead_figures),
+    # Quick: 10 s of interactive traffic with no job instead of 20 (~4 min, two engine loads).
+    Bench("bulk", ("--interactive-seconds", "10"), (), bulk_figures),
 )
 BY_NAME = {bench.name: bench for bench in BENCHES}
 

@@ -12,15 +12,18 @@ requirements.txt because this subclasses its internals; tests/test_broker.py che
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
+log = logging.getLogger(__name__)
 HELD_PREFIX = "llmqueue:held"
 # The worker node this process consumes as (set by the worker's runtime); None in the API.
 _owner: str | None = None
@@ -61,6 +64,22 @@ class QoS(kombu_redis.QoS):
         if _owner is not None:
             pipe.srem(held_key(_owner), delivery_tag)
         return pipe
+
+    def restore_unacked(self, client: Any = None) -> None:
+        """kombu puts back on their queues the messages this consumer holds when its channel
+        closes. When the channel closes because the broker went away, that cannot work, and
+        the error it raises is one Celery calls unrecoverable: the worker would exit with its
+        requests half generated. Instead they stay unacked and held: this worker runs them to
+        their end and acks them once the broker is back (Channel._create_client), and if it
+        dies first, crash recovery restores them."""
+        try:
+            super().restore_unacked(client)
+        except (redis.RedisError, OSError, AttributeError) as exc:
+            log.warning(
+                "broker lost: %d held messages stay unacked until this worker acks them (%s)",
+                len(self._delivered),
+                exc,
+            )
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         """kombu requeues a rejected message at its queue's tail; a worker rejects only to hand
@@ -116,13 +135,32 @@ class Channel(kombu_redis.Channel):
     def brpop_timeout(self, value: float) -> None:
         self._brpop_timeout = value
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Where this channel's broker is, kept for when kombu can no longer say (below).
+        self._broker_params = self._connparams()
+
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
             return super()._create_client(asynchronous=True)
         client = self._sync_client
+        try:
+            pool = self.pool
+        except AttributeError:
+            # The broker connection was lost and Celery opened a new one: kombu closed this
+            # channel's transport, which no longer knows its server. Messages this channel
+            # delivered are still acked here, on the same server, with a pool of our own.
+            return self._orphan_client()
         # kombu drops its pools after a connection error (`_disconnect_pools`): follow it.
-        if client is None or client.connection_pool is not self.pool:
+        if client is None or client.connection_pool is not pool:
             client = self._sync_client = super()._create_client(asynchronous=False)
+        return client
+
+    def _orphan_client(self) -> Any:
+        client = self.__dict__.get("_orphan")
+        if client is None:
+            pool = redis.ConnectionPool(**self._broker_params)
+            client = self.__dict__["_orphan"] = self.Client(connection_pool=pool)
         return client
 
 

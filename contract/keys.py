@@ -74,6 +74,8 @@ def latency_window_key(kind: str, tier_id: int, minute: int) -> str:
 
 # API errors that are not admission's (4xx of bad input, 401, 404 ...), by code: a hash.
 API_ERRORS_KEY = f"{PREFIX}:totals:api-errors"
+# Queued requests the reconciler published anew because their message had left the broker.
+RECONCILED_KEY = f"{PREFIX}:totals:republished"
 
 
 def admissions_window_key(tier_id: int, minute: int) -> str:

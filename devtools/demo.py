@@ -282,6 +282,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    # The demo may run without a SECRET_KEY (settings refuse to elsewhere); its children inherit.
+    os.environ.setdefault("LLMQUEUE_DEMO", "true")
     import django
 
     django.setup()

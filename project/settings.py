@@ -5,6 +5,7 @@ import warnings
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything the project generates at run time (SQLite file, embedded Redis data, tiny model).
@@ -14,8 +15,19 @@ STATE_DIR.mkdir(exist_ok=True)
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-key-change-me")
 DEBUG = env.bool("DEBUG", default=False)
+LLMQUEUE_DEMO = env.bool("LLMQUEUE_DEMO", default=False)
+"""Set by `make demo` (devtools/demo.py) for itself and its children: only then may SECRET_KEY
+be left unset, and a fixed development key signs the demo's sessions."""
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not (LLMQUEUE_DEMO or DEBUG):
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set it in the environment or in .env (a long random string, "
+            "the same on every API replica and worker: sessions, CSRF tokens and the admin's "
+            "signed data depend on it); only the demo (make demo) runs without one."
+        )
+    SECRET_KEY = "dev-only-insecure-key-for-the-demo-and-debugging"
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 
 INSTALLED_APPS = [
@@ -291,3 +303,21 @@ between ticks idles at most this long, and each tick costs a few queries."""
 LLMQUEUE_BULK_PACER_LEASE_SECONDS = env.float("LLMQUEUE_BULK_PACER_LEASE_SECONDS", default=10.0)
 """Seconds a pacer's Redis lease lasts without renewal: when its replica dies, another takes
 over within this bound (each tick renews it, so it must exceed the interval and a slow tick)."""
+LLMQUEUE_BULK_LINES_PER_MESSAGE = env.int("LLMQUEUE_BULK_LINES_PER_MESSAGE", default=8)
+"""Held lines the pacer packs into one task message: the worker's per-message cost (Celery's
+delivery, kombu's unacked bookkeeping, the ack) is paid once per 8 lines, while each line keeps
+its own row, claim, deadline and result. bench.throughput, same sitting: 8 prompts per message
+0.89 of LLM.generate, 1 per message 0.78 (docs/BENCHMARKS.md)."""
+LLMQUEUE_RECONCILE_INTERVAL_SECONDS = env.float("LLMQUEUE_RECONCILE_INTERVAL_SECONDS", default=5.0)
+"""Seconds between the reconciler's passes (llmqueue/queueing/reconcile.py, run by the pacer
+process under its lease): a pass with no queued row past the grace is one indexed query; one with
+some reads their queues and the unacked hash. A request whose message Redis lost runs again after
+the grace plus about two intervals."""
+LLMQUEUE_RECONCILE_GRACE_SECONDS = env.float("LLMQUEUE_RECONCILE_GRACE_SECONDS", default=10.0)
+"""A queued row younger than this is not checked: its publish may still be in flight (the API
+commits the row, then publishes; that takes milliseconds, so 10 s is far from any race)."""
+LLMQUEUE_RECONCILE_CONFIRM_SECONDS = env.float("LLMQUEUE_RECONCILE_CONFIRM_SECONDS", default=2.0)
+"""A row is republished only when its message was missing from two scans at least this far
+apart: a message between a worker's BRPOP and its unacked write is absent from one scan only."""
+LLMQUEUE_RECONCILE_BATCH = env.int("LLMQUEUE_RECONCILE_BATCH", default=5000)
+"""Queued rows checked per pass, oldest first (each pass reads their queues whole)."""

@@ -15,8 +15,9 @@ from django.db.models import Count
 from django.test import Client
 from django.utils import timezone
 
+from contract.keys import waiting_key
 from llmqueue.bulk.finalize import advance_jobs
-from llmqueue.bulk.pacer import LEASE_KEY, Pacer
+from llmqueue.bulk.pacer import LEASE_KEY, Pacer, requests_waiting
 from llmqueue.models import BulkJob, PromptRequest, Tenant, Tier
 from tests.conftest import SIMULATED, Seeded, WorkerFactory, queued_messages, wait_until
 from tests.test_api import post
@@ -40,12 +41,13 @@ def test_a_job_beyond_the_tenants_tpm_and_the_tiers_depth_is_paced_and_completes
     bulk_tier.save()
     Tenant.objects.filter(pk=seeded.tenant_id).update(tokens_per_minute=600)
     start_worker("default", *SIMULATED)
-    depths: list[int] = []
+    tenants = list(Tenant.objects.values_list("id", flat=True))
+    depths: list[int] = []  # lines released and not yet claimed
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.is_set():
-            depths.append(int(clean_redis.llen(QUEUE)))
+            depths.append(requests_waiting(QUEUE, tenants))
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -71,6 +73,12 @@ def test_a_job_beyond_the_tenants_tpm_and_the_tiers_depth_is_paced_and_completes
     # 600 tokens went at once (54 lines); the other 170 waited for the bucket's 10 tokens/s.
     assert (released[-1] - released[0]).total_seconds() >= 12
     assert queued_messages(clean_redis) == 0
+
+
+def drain(client: redis.Redis) -> None:
+    """As if the engine had claimed every released line: the queue and its waiting counts empty."""
+    tenants = Tenant.objects.values_list("id", flat=True)
+    client.delete(QUEUE, *(waiting_key(QUEUE, tenant) for tenant in tenants))
 
 
 def released_tokens(tenants: list[int]) -> dict[int, int]:
@@ -109,7 +117,7 @@ def test_two_tenants_backlogged_on_a_tier_get_tokens_within_a_few_largest_reques
         PromptRequest.objects.filter(status=S.QUEUED).update(
             status=S.SUCCEEDED, finished_at=timezone.now()
         )
-        clean_redis.delete(QUEUE)
+        drain(clean_redis)
     assert len(gaps) > 10
     assert max(gaps) <= 2 * largest, (gaps, served)
     # Not round robin by request: acme got many more lines for the same tokens.
@@ -134,7 +142,7 @@ def test_weights_divide_a_tiers_tokens_in_proportion(
     pacer = Pacer()
     for _ in range(8):
         pacer.release_once()
-        clean_redis.delete(QUEUE)
+        drain(clean_redis)
     counts = dict(
         PromptRequest.objects.filter(status=S.QUEUED)
         .values_list("tenant_id")
@@ -179,3 +187,20 @@ def test_cancelling_a_batch_aborts_its_running_lines_in_the_engine(
     wait_until(lambda: queued_messages(clean_redis) == 0, 10, "the messages to be acked")
     rows = PromptRequest.objects.values_list("status", "output_text")
     assert list(rows) == [(S.CANCELLED, "")] * 3
+
+
+def test_ended_lines_are_charged_what_they_used_not_what_they_reserved(
+    seeded: Seeded, bulk_tier: Tier, clean_redis: redis.Redis
+):
+    submit(Client(), seeded.key, [line(f"a{i}", max_tokens=100) for i in range(4)])
+    pacer = Pacer()
+    assert pacer.release_once() == 4
+    counter = pacer.counters[bulk_tier.pk]
+    reserved = sum(PromptRequest.objects.values_list("reserved_tokens", flat=True))
+    assert counter.counters[seeded.tenant_id] == reserved  # prompt + max_tokens, at release
+    assert pacer.correct_ended() == 0  # none ended yet
+    PromptRequest.objects.update(
+        status=S.SUCCEEDED, prompt_tokens=3, completion_tokens=10, finished_at=timezone.now()
+    )
+    assert pacer.correct_ended() == 4
+    assert counter.counters[seeded.tenant_id] == 4 * 13 and pacer.in_flight == {}

@@ -42,12 +42,17 @@ def test_a_killed_workers_requests_restart_elsewhere_within_the_stale_window(
     seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
 ):
     published, stop, listener = listen(clean_redis)
-    doomed = start_worker("default", *SLOW_WORKER, env=PRODUCTION)
+    # ~10 s generations on the doomed worker: none of its 8 ends while the survivor starts up
+    # (a few seconds on a busy machine); ~1 s ones on the survivor.
+    doomed = start_worker("default", *SLOW_WORKER[:-1], "10", env=PRODUCTION)
     ids = submit(seeded.key, 12, MAX_TOKENS)
     wait_until(lambda: PromptRequest.objects.filter(status=S.RUNNING).count() == 8, 30, "8 held")
     held = set(PromptRequest.objects.filter(status=S.RUNNING).values_list("id", flat=True))
     assert clean_redis.scard(held_key(doomed.node)) == 8  # its held set: what it fetched
     survivor = start_worker("default", *SLOW_WORKER, env=PRODUCTION)
+    # As if it died inside kombu's restore_visible: the mutex it held lasts 300 s. The rescue
+    # takes no such lock, so it must not wait for it.
+    clean_redis.set("unacked_mutex", "the-dead-workers-token", ex=300)
     killed_at = time.time()
     assert doomed.stop(signal.SIGKILL) == -signal.SIGKILL
 

@@ -7,13 +7,18 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from contract.keys import bucket_key, waiting_key
+from django.conf import settings
+
+from contract.keys import bucket_key, totals_key, waiting_key
+from llmqueue import usage
 from llmqueue.admission.books import LUA_NOW, now_arg
 from llmqueue.redis_client import get_redis
 
-# KEYS[1] the tenant's token bucket, KEYS[2] its waiting count in the queue; ARGV: now, tokens
-# per minute, then each line's need. Takes the longest prefix of lines that fits; returns its
-# length. The refill is admission's: tpm/60 per second up to tpm.
+# KEYS[1] the tenant's token bucket, KEYS[2] its waiting count in the queue, KEYS[3] its usage
+# counters of this hour, KEYS[4] its totals for /metrics; ARGV: now, tokens per minute, the usage
+# counters' ttl, "1" when metrics are on, then each line's need. Takes the longest prefix of lines
+# that fits and counts it admitted, as admission counts an API call; returns its length. The
+# refill is admission's: tpm/60 per second up to tpm.
 _TAKE = (
     LUA_NOW
     + """
@@ -24,7 +29,7 @@ if t[1] then
   tokens = math.min(tpm, tonumber(t[1]) + math.max(0, now - tonumber(t[2])) * tpm / 60)
 end
 local taken = 0
-for i = 3, #ARGV do
+for i = 5, #ARGV do
   local need = tonumber(ARGV[i])
   if need > tokens then break end
   tokens = tokens - need
@@ -34,7 +39,10 @@ redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now), 'ca
 redis.call('EXPIRE', KEYS[1], 3600)
 if taken > 0 then
   redis.call('INCRBY', KEYS[2], taken)
-  redis.call('EXPIRE', KEYS[2], 7 * 24 * 3600)  -- as admission: usage.COUNTER_TTL_SECONDS
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+  redis.call('HINCRBY', KEYS[3], 'admitted', taken)
+  redis.call('EXPIRE', KEYS[3], ARGV[3])
+  if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[4], 'admitted', taken) end
 end
 return taken
 """
@@ -47,13 +55,21 @@ def _script() -> Any:
 
 
 def take_tokens(
-    tenant_id: int, queue: str, tokens_per_minute: int, needs: Sequence[int],
+    tenant_id: int, tier_id: int, queue: str, tokens_per_minute: int, needs: Sequence[int],
     now: float | None = None,
 ) -> int:  # fmt: skip
     """Reserve `needs` in order while the bucket holds them; returns how many were reserved.
-    Each one reserved counts as waiting in `queue` until a worker claims it, as an API call."""
-    keys = [bucket_key("tokens", tenant_id), waiting_key(queue, tenant_id)]
-    return int(_script()(keys=keys, args=[now_arg(now), tokens_per_minute, *needs]))
+    Each one reserved counts as admitted (usage, /metrics) and as waiting in `queue` until a
+    worker claims it, as an API call."""
+    keys = [
+        bucket_key("tokens", tenant_id),
+        waiting_key(queue, tenant_id),
+        usage.counter_key(tenant_id, tier_id, now),
+        totals_key(tenant_id, tier_id),
+    ]
+    metrics = "1" if settings.LLMQUEUE_METRICS else ""
+    args = [now_arg(now), tokens_per_minute, usage.COUNTER_TTL_SECONDS, metrics, *needs]
+    return int(_script()(keys=keys, args=args))
 
 
 def available_tokens(tenant_id: int, tokens_per_minute: int, now: float | None = None) -> float:

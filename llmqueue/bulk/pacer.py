@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Iterable
@@ -28,19 +29,23 @@ from django.utils import timezone
 
 from contract.keys import PREFIX, waiting_key
 from contract.task import GENERATE_TASK
-from llmqueue import lua
+from llmqueue import lifecycle_events, lua
 from llmqueue.admission import books
 from llmqueue.admission.bulk_release import available_tokens, take_tokens
 from llmqueue.admission.fairness import VirtualTokenCounter
 from llmqueue.bulk.finalize import advance_jobs
 from llmqueue.models import BulkJob, PromptRequest, Tenant, Tier
-from llmqueue.queueing.publisher import TaskMessage, publish_tasks
-from llmqueue.queueing.submission import task_payload
+from llmqueue.queueing.publisher import publish_tasks
+from llmqueue.queueing.reconcile import Reconciler
+from llmqueue.queueing.submission import chunks, rows_message
 from llmqueue.redis_client import get_redis
 
 log = logging.getLogger(__name__)
 S = PromptRequest.Status
 LEASE_KEY = f"{PREFIX}:bulk-pacer:lease"
+ENDED = (S.SUCCEEDED, S.FAILED, S.EXPIRED, S.CANCELLED)
+# Ended lines are looked up by primary key, at most this many, this often: a bounded query.
+CORRECT_INTERVAL_SECONDS, CORRECT_BATCH = 1.0, 2000
 _TABLE = PromptRequest._meta.db_table
 _HELD_FIELDS = (
     "id", "tenant_id", "tier_id", "queue", "kind", "model", "prompt", "messages", "params",
@@ -58,10 +63,18 @@ return 0
 """
 
 
+def requests_waiting(queue: str, tenant_ids: Iterable[int]) -> int:
+    """Requests admitted to `queue` and not claimed yet, summed over tenants: counted in
+    requests, where the queue's length counts messages (the pacer packs several lines in one)."""
+    keys = [waiting_key(queue, tenant_id) for tenant_id in tenant_ids]
+    return sum(int(v) for v in get_redis().mget(keys) if v) if keys else 0
+
+
 def bulk_room(tier: Tier, queue: str) -> int:
     """How many more lines the queue takes now: up to the bulk share of the tier's depth."""
     cap = math.floor(tier.max_queue_depth * settings.LLMQUEUE_BULK_DEPTH_SHARE)
-    return max(0, cap - int(get_redis().llen(queue)))
+    tenants = Tenant.objects.values_list("id", flat=True)
+    return max(0, cap - requests_waiting(queue, tenants))
 
 
 def held_lines(tenant_id: int, tier_id: int, queue: str, limit: int) -> list[PromptRequest]:
@@ -109,19 +122,48 @@ class Pacer:
         self.counters: dict[int, VirtualTokenCounter] = {}
         self.token = uuid.uuid4().hex
         self._lease = get_redis().register_script(_LEASE)
+        # Lines released and not yet seen ended: id → (tier, tenant, tokens charged at release).
+        self.in_flight: dict[uuid.UUID, tuple[int, int, int]] = {}
+        self._corrected_at = 0.0
 
     def hold_lease(self) -> bool:
         ms = int(settings.LLMQUEUE_BULK_PACER_LEASE_SECONDS * 1000)
         held = bool(self._lease(keys=[LEASE_KEY], args=[self.token, ms]))
         if not held:
-            self.counters.clear()  # another replica serves; start afresh if this one takes over
+            # Another replica serves; start afresh if this one takes over.
+            self.counters.clear()
+            self.in_flight.clear()
         return held
 
     def tick(self, now: datetime | None = None) -> int:
-        """Release what fits, then move jobs on; returns the lines released."""
+        """Charge ended lines what they used, release what fits, then move jobs on; returns the
+        lines released."""
+        if time.monotonic() - self._corrected_at >= CORRECT_INTERVAL_SECONDS:
+            self.correct_ended()
         released = self.release_once(now)
         advance_jobs(now)
         return released
+
+    def correct_ended(self) -> int:
+        """A line is charged prompt + max_tokens when released; once it ended, charge what it
+        used (prompt + generated tokens), so a tenant whose lines stop early is not charged for
+        tokens never made. Returns how many lines were corrected."""
+        self._corrected_at = time.monotonic()
+        oldest = list(self.in_flight)[:CORRECT_BATCH]
+        if not oldest:
+            return 0
+        ended = PromptRequest.objects.filter(pk__in=oldest, status__in=ENDED).values_list(
+            "id", "prompt_tokens", "completion_tokens"
+        )
+        corrected = 0
+        for request_id, prompt_tokens, completion_tokens in ended:
+            tier_id, tenant_id, charged = self.in_flight.pop(request_id)
+            counter = self.counters.get(tier_id)
+            if counter is not None:
+                used = (prompt_tokens or 0) + (completion_tokens or 0)
+                counter.correct(tenant_id, charged, used)
+                corrected += 1
+        return corrected
 
     def release_once(self, now: datetime | None = None) -> int:
         now = now or timezone.now()
@@ -185,14 +227,21 @@ class Pacer:
         reserved: list[PromptRequest] = []
         for tenant_id, lines in chosen.items():
             needs = [line.reserved_tokens for line in lines]
-            taken = take_tokens(tenant_id, queue, tenants[tenant_id].tokens_per_minute, needs)
+            tpm = tenants[tenant_id].tokens_per_minute
+            taken = take_tokens(tenant_id, tier.pk, queue, tpm, needs)
             counter.correct(tenant_id, sum(needs[taken:]), 0)  # raced by the tenant's API calls
             reserved += lines[:taken]
         released = mark_released([row.id for row in reserved], now)
         give_back([row for row in reserved if row.id not in released], queue)
         rows = [row for row in reserved if row.id in released]
         try:
-            publish_tasks(GENERATE_TASK, [self.message(row, tier, queue, now) for row in rows])
+            for row in rows:
+                row.enqueued_at = now
+            size = settings.LLMQUEUE_BULK_LINES_PER_MESSAGE
+            messages = [rows_message(chunk, tier.priority) for chunk in chunks(rows, size)]
+            publish_tasks(GENERATE_TASK, messages)
+            for row in rows:
+                self.in_flight[row.id] = (tier.pk, row.tenant_id, row.reserved_tokens)
         except redis.RedisError:
             log.warning("broker refused %d bulk lines; they stay held", len(rows))
             PromptRequest.objects.filter(pk__in=[r.id for r in rows], status=S.QUEUED).update(
@@ -200,29 +249,28 @@ class Pacer:
             )
             give_back(rows, queue)
             return 0
+        for tenant_id in chosen:
+            mine = [row for row in rows if row.tenant_id == tenant_id]
+            lifecycle_events.log_admitted(
+                mine, tenants[tenant_id].name, settings.LLMQUEUE_EVENT_LOG_TEXT
+            )
         return len(rows)
-
-    @staticmethod
-    def message(row: PromptRequest, tier: Tier, queue: str, now: datetime) -> TaskMessage:
-        row.enqueued_at = now
-        return TaskMessage(
-            str(row.id),
-            queue,
-            [[task_payload(row, tier.priority)]],
-            expires=row.deadline_at,
-            argsrepr=f"({row.id})",
-        )
 
 
 def run_pacer(stop: threading.Event, interval_seconds: float | None = None) -> None:
-    """Tick until `stop` is set, releasing and finishing only while holding the lease."""
+    """Tick until `stop` is set, releasing and finishing only while holding the lease; the
+    lease holder also reconciles queued rows with the broker (llmqueue/queueing/reconcile.py)."""
     interval = interval_seconds or settings.LLMQUEUE_BULK_PACER_INTERVAL_SECONDS
-    pacer = Pacer()
+    pacer, reconciler = Pacer(), Reconciler()
     while not stop.is_set():
         try:
             close_old_connections()
             if pacer.hold_lease():
                 pacer.tick()
+                if reconciler.due(time.monotonic()):
+                    reconciler.run_once()
+            else:
+                reconciler.suspects.clear()
         except Exception:  # a lost broker or DB must not end the loop: the next tick retries
             log.exception("bulk pacer tick failed")
         stop.wait(interval)

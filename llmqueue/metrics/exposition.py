@@ -98,7 +98,13 @@ def counter_metrics(found: readings.Readings) -> Iterator[Metric]:
     )
     for code, value in sorted(found.api_errors.items()):
         errors.add_metric([code], value)
-    yield from (admitted, rejected, ended, tokens, errors)
+    republished = CounterMetricFamily(
+        f"{PREFIX}_republished_requests",
+        "Queued requests published anew because their message had left the broker (Redis lost "
+        "its data); each was still queued in the database.",
+        value=found.republished,
+    )
+    yield from (admitted, rejected, ended, tokens, errors, republished)
 
 
 def latency_metrics(found: readings.Readings) -> Iterator[Metric]:

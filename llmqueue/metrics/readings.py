@@ -21,6 +21,7 @@ from django.db.models import Min
 from contract import latency, liveness
 from contract.keys import (
     API_ERRORS_KEY,
+    RECONCILED_KEY,
     TOTALS_PREFIX,
     drain_key,
     latency_key,
@@ -70,6 +71,7 @@ class Readings:
     # (tier, tenant label, field) → count since the start, summed over hidden tenants
     totals: dict[tuple[str, str, str], int] = field(default_factory=dict)
     api_errors: dict[str, int] = field(default_factory=dict)
+    republished: int = 0
     histograms: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (kind, tier)
     slo_attainment: dict[str, float] = field(default_factory=dict)  # tier → share on time
     workers_alive: dict[str, int] = field(default_factory=dict)
@@ -250,6 +252,7 @@ def read(client: redis.Redis, now: float | None = None) -> Readings:
     readings.queues = read_queues(client, pools, sorted(tier_names.values()), now)
     readings.totals = read_totals(client, tier_names, labels)
     readings.api_errors = {_text(k): int(v) for k, v in client.hgetall(API_ERRORS_KEY).items()}
+    readings.republished = int(client.get(RECONCILED_KEY) or 0)
     readings.histograms, readings.slo_attainment = read_latencies(client, tiers, now)
     readings.workers_alive, readings.workers = read_workers(client, pools, now)
     return readings

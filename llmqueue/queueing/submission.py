@@ -40,6 +40,19 @@ def task_payload(row: PromptRequest, priority: int) -> TaskPayload:
     }
 
 
+def rows_message(rows: list[PromptRequest], priority: int) -> TaskMessage:
+    """Stored rows of one queue as one task message (the bulk pacer's release of held lines, the
+    reconciler's republish of a lost one): its task id is the first row's, its argsrepr lists
+    every request id, and it expires at the earliest deadline among them."""
+    return TaskMessage(
+        str(rows[0].id),
+        rows[0].queue,
+        [[task_payload(row, priority) for row in rows]],
+        expires=min(row.deadline_at for row in rows),
+        argsrepr=f"({', '.join(str(row.id) for row in rows)})",
+    )
+
+
 def chunks(rows: list[PromptRequest], size: int) -> list[list[PromptRequest]]:
     return [rows[i : i + size] for i in range(0, len(rows), max(1, size))]
 

@@ -1,4 +1,5 @@
-"""`python manage.py bulk_pacer`: release held bulk lines as quotas allow and finish jobs."""
+"""`python manage.py bulk_pacer`: release held bulk lines as quotas allow, finish jobs, and
+republish queued requests whose messages the broker lost."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ class Command(BaseCommand):
     help = (
         "Run the bulk pacer: releases batches' held lines into the broker as tenants' tokens "
         "per minute and tiers' queue depth allow, and finishes jobs. Run one or more next to "
-        "the API servers; a Redis lease lets exactly one release at a time."
+        "the API servers; a Redis lease lets exactly one release at a time. The lease holder "
+        "also republishes queued requests whose messages Redis lost (the reconciler)."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:

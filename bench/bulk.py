@@ -1,0 +1,384 @@
+"""Bulk jobs through the Batch API: acceptance of a big file, a job on the vLLM engine against
+LLM.generate, interactive waits beside it, and fairness between two tenants' jobs.
+
+    .venv/bin/python -m bench.bulk [--lines 10000] [--job-lines 1000] [--max-tokens 128]
+                                   [--fair-lines 2000,200] [--interactive-seconds 20]
+
+Three phases, each with its own DB (temporary SQLite, or a PostgreSQL database when
+$DATABASE_URL names a server) and Redis db, the API under granian and `manage.py bulk_pacer`:
+
+1. enqueue: POST /v1/files then /v1/batches for `--lines` lines, timed until the batch answers
+   (every line validated and stored held), with the API processes' peak RSS sampled meanwhile.
+2. vllm: one vLLM worker (tiny model, the throughput bench's engine) and LLM.generate of the same
+   prompts in a child. An interactive tenant sends one short request every 0.5 s, first with no
+   job (idle), then while a `--job-lines` job runs; each request's first-token wait is its row's
+   first_token_at - enqueued_at. ratio = LLM.generate's time ÷ the job's, created to completed.
+3. fairness: two tenants of one tier, weight 1 each, on the simulated engine: a job of the first
+   size, and 10 s later one of the second; service = prompt + generated tokens of the lines a
+   worker started, counted from the second job's creation while both have lines not started.
+   fairness_gap_tokens is the largest difference in service; goal ≤ 4 × the largest request.
+
+Writes bench/results/bulk.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import harness
+from bench.latency import percentile
+from bench.throughput import DirectRunner, engine_flags, prompts, task_slots
+from bench.throughput import worker_argv as vllm_worker_argv
+
+HOST = "127.0.0.1"
+REDIS_DB = 9
+VLLM_MODEL = "tiny-llama"
+VLLM_POOL = "bench"  # bench.throughput's worker serves this pool
+SIM_MODEL = "sim"
+SIM_POOL = "default"
+NO_LIMIT = {"tokens_per_minute": 10**9, "requests_per_second": 10_000.0, "burst": 10_000}
+GOALS = {"enqueue_10k_s": 10.0, "ratio": 0.85, "interactive_p99_during_vs_idle": 2.0,
+         "fairness_gap_vs_largest": 4.0}  # fmt: skip
+
+
+class Phase:
+    """One phase's DB, Redis db, API server and pacer; `close` stops what it started."""
+
+    def __init__(self, name: str, tenants: list[dict[str, Any]], **seed: Any) -> None:
+        self.database = harness.bench_database(f"llmqueue_bench_bulk_{name}")
+        self.redis_url = harness.redis_url(REDIS_DB)
+        harness.flush_redis(self.redis_url)
+        self.env = harness.bench_env(self.database, self.redis_url, VLLM_LOGGING_LEVEL="WARNING")
+        harness.migrate(self.env)
+        self.keys = harness.seed_tenants(self.env, tenants, **seed)
+        self.started: list[harness.Child] = []
+        self.port = harness.free_port()
+        log = harness.RESULTS / f"bulk-{name}-api.log"
+        self.api = self.start("api", harness.ApiServer().argv(HOST, self.port), log)
+        harness.wait_for_http(HOST, self.port, self.api)
+        self.url = f"http://{HOST}:{self.port}"
+
+    def start(self, name: str, argv: list[str], log: Path) -> harness.Child:
+        child = harness.start_process(name, argv, self.env, log)
+        self.started.append(child)
+        return child
+
+    def start_pacer(self, name: str) -> None:
+        argv = [harness.PYTHON, "manage.py", "bulk_pacer"]
+        self.start("pacer", argv, harness.RESULTS / f"bulk-{name}-pacer.log")
+
+    def submit(self, tenant: str, lines: list[dict[str, Any]]) -> str:
+        """Upload the lines and create their batch; returns the batch id."""
+        headers = {"Authorization": f"Bearer {self.keys[tenant]}"}
+        data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+        uploaded = httpx.post(
+            f"{self.url}/v1/files", data={"purpose": "batch"}, headers=headers, timeout=120,
+            files={"file": ("input.jsonl", data, "application/jsonl")},
+        )  # fmt: skip
+        uploaded.raise_for_status()
+        body = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions",
+                "completion_window": "24h"}  # fmt: skip
+        created = httpx.post(f"{self.url}/v1/batches", json=body, headers=headers, timeout=300)
+        created.raise_for_status()
+        return str(created.json()["id"])
+
+    def batch(self, tenant: str, batch_id: str) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.keys[tenant]}"}
+        answer = httpx.get(f"{self.url}/v1/batches/{batch_id}", headers=headers, timeout=30)
+        answer.raise_for_status()
+        return dict(answer.json())
+
+    def wait_completed(self, tenant: str, batch_id: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            batch = self.batch(tenant, batch_id)
+            if batch["status"] not in ("validating", "in_progress", "finalizing"):
+                if batch["status"] != "completed" or batch["request_counts"]["failed"]:
+                    raise RuntimeError(f"batch {batch_id} ended {batch['status']}: {batch}")
+                return batch
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"batch {batch_id} still {batch['status']}")
+            for child in self.started:
+                if not child.running():
+                    raise RuntimeError(f"{child.name} exited: {child.log_tail()}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        for child in reversed(self.started):
+            harness.stop_process(child)
+        harness.flush_redis(self.redis_url)
+        self.database.cleanup()
+
+
+def completion_line(custom_id: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True}  # fmt: skip
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of `pid` and its descendants (granian's workers), in MiB."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/status") as status:
+                for row in status:
+                    if row.startswith("VmRSS:"):
+                        total += int(row.split()[1])
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as children:
+                    pending += [int(c) for c in children.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1024
+
+
+def peak_rss_while(pid: int, work: Any) -> tuple[Any, float]:
+    """Run `work()` while sampling the process tree's RSS every 20 ms; returns its result and
+    the peak in MiB."""
+    peak, stop = [tree_rss_mb(pid)], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.02):
+            peak[0] = max(peak[0], tree_rss_mb(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        return work(), peak[0]
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def enqueue_phase(args: argparse.Namespace) -> dict[str, Any]:
+    phase = Phase("enqueue", [{"name": "bulk", "tier": "batch", "limits": NO_LIMIT}])
+    try:
+        lines = [completion_line(f"line-{i}", SIM_MODEL, f"prompt {i}: {'lorem ' * (i % 40)}", 16)
+                 for i in range(args.lines)]  # fmt: skip
+        idle_mb = tree_rss_mb(phase.api.pid)
+        start = time.perf_counter()
+        batch_id, peak_mb = peak_rss_while(phase.api.pid, lambda: phase.submit("bulk", lines))
+        elapsed = time.perf_counter() - start
+        batch = phase.batch("bulk", batch_id)
+        if batch["status"] != "in_progress" or batch["request_counts"]["total"] != args.lines:
+            raise RuntimeError(f"the batch was not accepted whole: {batch}")
+        return {"lines": args.lines, "enqueue_10k_s": elapsed if args.lines == 10_000 else None,
+                "enqueue_s": elapsed, "web_idle_rss_mb": round(idle_mb, 1),
+                "web_peak_rss_mb": round(peak_mb, 1)}  # fmt: skip
+    finally:
+        phase.close()
+
+
+class InteractiveLoad:
+    """One short interactive request every `interval` seconds (202, background) until stopped;
+    the ids of what it sent."""
+
+    def __init__(self, phase: Phase, interval: float = 0.5) -> None:
+        self.url = f"{phase.url}/v1/completions"
+        self.headers = {"Authorization": f"Bearer {phase.keys['interactive']}"}
+        self.interval, self.refused = interval, 0
+        self.ids: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        body = {"model": VLLM_MODEL, "prompt": "How long is the queue?", "max_tokens": 16,
+                "background": True}  # fmt: skip
+        with httpx.Client(timeout=30) as client:
+            next_at = time.monotonic()
+            while not self.stop.is_set():
+                answer = client.post(self.url, json=body, headers=self.headers)
+                if answer.status_code == 202:
+                    self.ids.append(answer.json()["id"])
+                else:
+                    self.refused += 1
+                next_at += self.interval
+                self.stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def during(self, work: Any) -> Any:
+        self.thread.start()
+        try:
+            return work()
+        finally:
+            self.stop.set()
+            self.thread.join()
+
+
+def first_token_waits_ms(timeline: dict[str, dict[str, Any]], ids: list[str]) -> list[float]:
+    rows = [timeline[i] for i in ids if i in timeline]
+    return [1000 * (r["first_token"] - r["enqueued"]) for r in rows if r["first_token"]]
+
+
+def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
+    tenants = [{"name": "bulk", "tier": "batch", "limits": NO_LIMIT},
+               {"name": "interactive", "tier": "interactive", "limits": NO_LIMIT}]  # fmt: skip
+    phase = Phase("vllm", tenants, model=VLLM_MODEL, pool=VLLM_POOL, max_tokens=args.max_tokens)
+    direct = None
+    try:
+        phase.start("worker", vllm_worker_argv(args), harness.RESULTS / "bulk-vllm-worker.log")
+        harness.wait_for_workers(phase.redis_url, VLLM_POOL, 1, phase.started, 600)
+        phase.start_pacer("vllm")
+        direct = DirectRunner(args)
+        # Warm-up: one job of a slot's worth, so the worker's threads are set up before the clock.
+        warm = [completion_line(f"w{i}", VLLM_MODEL, p, args.max_tokens)
+                for i, p in enumerate(prompts(task_slots(args)))]  # fmt: skip
+        phase.wait_completed("bulk", phase.submit("bulk", warm), 600)
+        idle = InteractiveLoad(phase)
+        idle.during(lambda: time.sleep(args.interactive_seconds))
+        direct_s = direct.run()["direct_s"]
+        lines = [completion_line(f"line-{i}", VLLM_MODEL, p, args.max_tokens)
+                 for i, p in enumerate(prompts(args.job_lines))]  # fmt: skip
+        busy = InteractiveLoad(phase)
+
+        def job() -> float:
+            start = time.perf_counter()
+            phase.wait_completed("bulk", phase.submit("bulk", lines), 1800)
+            return time.perf_counter() - start
+
+        job_s = busy.during(job)
+        timeline = harness.request_timeline(phase.env)
+        idle_ms = first_token_waits_ms(timeline, idle.ids)
+        busy_ms = first_token_waits_ms(timeline, busy.ids)
+        p99_idle, p99_busy = percentile(idle_ms, 99), percentile(busy_ms, 99)
+        return {
+            "job_lines": args.job_lines, "max_tokens": args.max_tokens,
+            "direct_s": direct_s, "job_s": job_s, "ratio": direct_s / job_s,
+            "interactive_p99_ms_idle": round(p99_idle, 1),
+            "interactive_p99_ms_during_bulk": round(p99_busy, 1),
+            "interactive_p99_during_vs_idle": round(p99_busy / p99_idle, 2),
+            "interactive_p50_ms_idle": round(percentile(idle_ms, 50), 1),
+            "interactive_p50_ms_during_bulk": round(percentile(busy_ms, 50), 1),
+            "interactive_requests": {"idle": len(idle_ms), "during_bulk": len(busy_ms),
+                                     "refused": idle.refused + busy.refused},
+            "engine": engine_flags(args),
+        }  # fmt: skip
+    finally:
+        if direct is not None:
+            direct.close()
+        phase.close()
+
+
+def service_gap(rows: list[dict[str, Any]], tenants: tuple[str, str], since: float) -> float:
+    """The largest difference in tokens started for the two tenants from `since`, while both
+    still had lines not started (the bound's premise: both backlogged)."""
+    first, second = tenants
+    both_until = min(max(r["started"] for r in rows if r["tenant"] == t) for t in tenants)
+    served = {first: 0.0, second: 0.0}
+    gap = 0.0
+    for row in sorted(rows, key=lambda r: r["started"]):
+        if row["started"] < since or row["started"] >= both_until:
+            continue
+        served[row["tenant"]] += row["prompt_tokens"] + row["completion_tokens"]
+        gap = max(gap, abs(served[first] - served[second]))
+    return gap
+
+
+def fairness_phase(args: argparse.Namespace) -> dict[str, Any]:
+    big, small = args.fair_lines
+    tenants = [{"name": name, "tier": "batch", "limits": NO_LIMIT} for name in ("big", "small")]
+    # A shallow tier: the pacer keeps at most 16 lines waiting, so its choice of tenant decides.
+    phase = Phase("fairness", tenants, tiers={"batch": {"max_queue_depth": 32}})
+    try:
+        argv = harness.worker_argv(model=SIM_MODEL, pool=SIM_POOL, time_scale=1.0, max_num_seqs=16)
+        phase.start("worker", argv, harness.RESULTS / "bulk-fairness-worker.log")
+        harness.wait_for_workers(phase.redis_url, SIM_POOL, 1, phase.started, 120)
+        phase.start_pacer("fairness")
+        rng = random.Random(1)
+
+        def lines(n: int) -> list[dict[str, Any]]:
+            return [completion_line(f"l{i}", SIM_MODEL, "word " * rng.randint(4, 60),
+                                    rng.randint(8, 96)) for i in range(n)]  # fmt: skip
+
+        first = phase.submit("big", lines(big))
+        time.sleep(args.fair_delay)
+        since = time.time()
+        second = phase.submit("small", lines(small))
+        phase.wait_completed("small", second, 600)
+        phase.wait_completed("big", first, 1800)
+        rows = [r for r in harness.request_timeline(phase.env).values() if r["started"]]
+        largest = max(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+        gap = service_gap(rows, ("big", "small"), since)
+        return {"fair_lines": [big, small], "fairness_gap_tokens": gap,
+                "largest_request_tokens": largest,
+                "fairness_gap_vs_largest": round(gap / largest, 2)}  # fmt: skip
+    finally:
+        phase.close()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lines", type=int, default=10_000, help="lines of the enqueue phase")
+    parser.add_argument("--job-lines", type=int, default=1000, help="lines of the vLLM job")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--interactive-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--fair-lines", type=lambda text: [int(v) for v in text.split(",")], default=[2000, 200]
+    )
+    parser.add_argument("--fair-delay", type=float, default=10.0)
+    parser.add_argument("--phases", default="enqueue,vllm,fairness")
+    parser.add_argument("--model-path", default="")
+    parser.add_argument("--out", default=str(harness.RESULTS / "bulk.json"))
+    args = parser.parse_args(argv)
+    # What bench.throughput's worker and direct child read.
+    args.prompts, args.slots, args.engine_core = args.job_lines, 0, "thread"
+    args.stack_cpu_threads = 0
+    return args
+
+
+def report(result: dict[str, Any]) -> str:
+    out = []
+    if "enqueue_s" in result:
+        out.append(f"{result['lines']} lines accepted and stored in {result['enqueue_s']:.2f} s "
+                   f"(goal ≤ {GOALS['enqueue_10k_s']} s for 10k), web peak RSS "
+                   f"{result['web_peak_rss_mb']} MiB")  # fmt: skip
+    if "ratio" in result:
+        out.append(f"{result['job_lines']}-line job {result['job_s']:.1f} s vs LLM.generate "
+                   f"{result['direct_s']:.1f} s: ratio {result['ratio']:.3f} (goal ≥ 0.85); "
+                   f"interactive first-token p99 {result['interactive_p99_ms_idle']} ms idle, "
+                   f"{result['interactive_p99_ms_during_bulk']} ms during the job "
+                   f"(× {result['interactive_p99_during_vs_idle']}, goal ≤ 2)")  # fmt: skip
+    if "fairness_gap_tokens" in result:
+        out.append(f"fairness gap {result['fairness_gap_tokens']:.0f} tokens, largest request "
+                   f"{result['largest_request_tokens']} (× {result['fairness_gap_vs_largest']}, "
+                   "goal ≤ 4)")  # fmt: skip
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    harness.exit_on_sigterm()
+    phases = args.phases.split(",")
+    result: dict[str, Any] = {}
+    if "enqueue" in phases:
+        result.update(enqueue_phase(args))
+    if "vllm" in phases:
+        args.model_path = harness.tiny_model_path(args.model_path)
+        result.update(vllm_phase(args))
+    if "fairness" in phases:
+        result.update(fairness_phase(args))
+    result.update(
+        goals=GOALS,
+        machine=f"{platform.machine()}, {os.cpu_count()} cores",
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    harness.write_result(Path(args.out), result, report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
