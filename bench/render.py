@@ -212,8 +212,9 @@ job (128 tokens each) on one vLLM worker (tiny model, bench.throughput's engine)
 16-token request every 0.5 s with no job, then during it, and its first-token wait (the row's
 first_token_at − enqueued_at) is compared. **fairness**: two tenants of one tier (depth 32, the
 pacer's half is 16 lines) on the simulated engine, jobs of 2,000 and 200 lines of random sizes, the
-second created 10 s later; the largest difference in tokens started while both have lines not
-started.""",
+second created 10 s later; the largest difference in tokens released by the pacer (its fair
+scheduler's decisions) while both have lines not released; the same counted at the workers' claims
+is shown beside it.""",
     "deadlines": """\
 When does ordering a tier's queue by deadline (earliest deadline first,
 `llmqueue/queueing/deadline_order.py`) beat FIFO? One tier (max wait 30 s); *urgent* requests
@@ -506,8 +507,10 @@ def bulk_tables(data: dict[str, Any]) -> list[str]:
         ["interactive requests idle / during / refused",
          f"{cell(interactive.get('idle'))} / {cell(interactive.get('during_bulk'))} / "
          f"{cell(interactive.get('refused'))}"],
-        ["fairness gap / largest request (tokens)",
+        ["fairness gap at release / largest request (tokens)",
          f"{cell(data.get('fairness_gap_tokens'))} / {cell(data.get('largest_request_tokens'))}"],
+        ["fairness gap at the workers' claims (tokens)",
+         cell(data.get("fairness_gap_at_claim_tokens"))],
     ]  # fmt: skip
     return md_table(("figure", "value"), rows)
 
