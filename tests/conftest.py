@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -232,3 +233,12 @@ def vllm_args(model: Path, max_num_seqs: int = 16) -> tuple[str, ...]:
         "--max-num-seqs", str(max_num_seqs), "--dtype", "float32",
         "--gpu-memory-utilization", "0.1", "--max-model-len", "2048",
     )  # fmt: skip
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The generated requests' tally (tests/fuzz_tally.py), when a run generated any."""
+    from tests.fuzz_tally import GENERATED
+
+    if GENERATED:
+        kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(GENERATED.items()))
+        terminalreporter.write_line(f"generated requests: {sum(GENERATED.values())} ({kinds})")

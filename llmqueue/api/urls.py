@@ -16,6 +16,7 @@ urlpatterns = [
     path("batches", batch_views.batch_list, name="batches"),
     path("batches/<str:batch_id>", batch_views.batch_detail, name="batch"),
     path("batches/<str:batch_id>/cancel", batch_views.batch_cancel, name="batch-cancel"),
+    path("openapi.json", views.openapi, name="openapi"),
     # Last: any other /v1/ path is a JSON 404, whatever DEBUG and handler404 say.
     re_path(r"(?s)^(?P<path>.*)$", views.unknown_route, name="unknown-route"),
 ]

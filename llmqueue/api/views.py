@@ -31,6 +31,7 @@ from llmqueue.api.errors import (
     request_error,
     unknown_endpoint,
 )
+from llmqueue.api.openapi import openapi_document
 from llmqueue.api.responses import completion_body, models_body, request_body
 from llmqueue.api.results import Outcome, wait_for_outcome
 from llmqueue.api.tiers import TIER_HEADER, caller_on_tier
@@ -194,3 +195,8 @@ def unknown_route(request: HttpRequest, path: str) -> HttpResponse:
     """Every /v1/ path no endpoint serves: a JSON 404, as OpenAI answers, not Django's page."""
     raise unknown_endpoint(request.method, request.path)
 
+
+@api_endpoint("GET")
+def openapi(request: HttpRequest) -> HttpResponse:
+    """The API's OpenAPI document, generated from its request models; no key needed."""
+    return JsonResponse(openapi_document())
