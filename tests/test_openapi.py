@@ -295,7 +295,7 @@ def near_valid(draw: Any, fields: dict[str, Any], required: tuple[str, ...]) -> 
 COMPLETIONS = near_valid({"model": WORDS, **COMPLETION_FIELDS}, ("model", "prompt"))
 CHATS = near_valid({"model": WORDS, **CHAT_FIELDS}, ("model", "messages"))
 BATCHES = near_valid(BATCH_FIELDS, ("input_file_id", "endpoint", "completion_window"))
-AGREE = settings(max_examples=1000, deadline=None, database=None,
+AGREE = settings(max_examples=600, deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 
 

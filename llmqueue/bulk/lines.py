@@ -66,7 +66,7 @@ class Parsed:
 def _line_object(raw: bytes) -> dict[str, Any]:
     try:
         obj = validation.decode_json(raw, "line")
-        if isinstance(obj, dict):
+        if isinstance(obj, dict) and not validation.surely_storable(raw):
             validation.check_text(obj)
     except ApiError as error:
         raise LineInvalid(error.code or "invalid_json", error.message, error.param) from error
