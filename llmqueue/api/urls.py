@@ -18,5 +18,5 @@ urlpatterns = [
     path("batches/<str:batch_id>/cancel", batch_views.batch_cancel, name="batch-cancel"),
     path("openapi.json", views.openapi, name="openapi"),
     # Last: any other /v1/ path is a JSON 404, whatever DEBUG and handler404 say.
-    re_path(r"(?s)^(?P<path>.*)$", views.unknown_route, name="unknown-route"),
+    re_path(r"^(?P<path>[\s\S]*)$", views.unknown_route, name="unknown-route"),
 ]
