@@ -11,11 +11,23 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class TtlCache(Generic[K, V]):
-    """Maps a key to a loaded value for `ttl_seconds`; loads again after that."""
+# Callers choose the keys (a bearer token's hash, a model's name) and a miss is remembered too:
+# without a bound, a stream of made-up keys would grow a process's memory until it is killed.
+MAX_ENTRIES = 10_000
 
-    def __init__(self, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+
+class TtlCache(Generic[K, V]):
+    """Maps a key to a loaded value for `ttl_seconds`; loads again after that. At most
+    `max_entries` are kept: when full, expired entries go, and if none has, all of them."""
+
+    def __init__(
+        self,
+        ttl_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_entries: int = MAX_ENTRIES,
+    ) -> None:
         self.ttl_seconds = ttl_seconds
+        self.max_entries = max_entries
         self._clock = clock
         self._entries: dict[K, tuple[float, V]] = {}
         self._lock = threading.Lock()
@@ -26,16 +38,25 @@ class TtlCache(Generic[K, V]):
         if entry is not None and entry[0] > now:
             return entry[1]
         value = load(key)
-        with self._lock:
-            self._entries[key] = (now + self.ttl_seconds, value)
+        self._keep(key, value, now)
         return value
 
     def reload(self, key: K, load: Callable[[K], V]) -> V:
         """Load `key` now, whatever its entry's age, and keep the new value."""
         value = load(key)
-        with self._lock:
-            self._entries[key] = (self._clock() + self.ttl_seconds, value)
+        self._keep(key, value, self._clock())
         return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _keep(self, key: K, value: V, now: float) -> None:
+        with self._lock:
+            if len(self._entries) >= self.max_entries and key not in self._entries:
+                live = {k: e for k, e in self._entries.items() if e[0] > now}
+                # All live: dropping them all costs one load each, a bounded price.
+                self._entries = live if len(live) < self.max_entries else {}
+            self._entries[key] = (now + self.ttl_seconds, value)
 
     def clear(self) -> None:
         with self._lock:

@@ -192,6 +192,13 @@ CELERY_RESULT_EXPIRES = env.int("LLMQUEUE_RESULT_TTL_SECONDS", default=24 * 3600
 """Seconds a result stays in the Redis result backend; the DB row keeps the outcome after."""
 
 # --- llmqueue knobs --------------------------------------------------------------------------
+LLMQUEUE_MAX_BODY_BYTES = env.int("LLMQUEUE_MAX_BODY_BYTES", default=8 * 1024 * 1024)
+"""Bytes a JSON request body (completions, chat, batch creation) may hold: a larger one is 413
+`request_too_large`, refused by its Content-Length before a byte is read (a chunked body: as soon
+as it passes the limit). 8 MiB holds a prompt of about 2M tokens at LLMQUEUE_BYTES_PER_TOKEN,
+more than any served context; uploads to /v1/files have their own LLMQUEUE_BULK_MAX_FILE_BYTES."""
+# Django's own limit on a body it reads into memory: kept equal, so the two never disagree.
+DATA_UPLOAD_MAX_MEMORY_SIZE = LLMQUEUE_MAX_BODY_BYTES
 LLMQUEUE_AUTH_CACHE_SECONDS = env.float("LLMQUEUE_AUTH_CACHE_SECONDS", default=5.0)
 """Seconds an API replica trusts its cached view of a key/tenant/tier before re-reading the DB:
 admin edits (revocation, deactivation, limits) take effect within this bound."""

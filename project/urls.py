@@ -18,3 +18,7 @@ urlpatterns = [
     path("v1/", include("llmqueue.api.urls")),
     path("metrics", metrics, name="metrics"),
 ]
+# Errors raised before a view runs: JSON under /v1/ (llmqueue/api/handlers.py).
+handler400 = "llmqueue.api.handlers.bad_request"
+handler404 = "llmqueue.api.handlers.not_found"
+handler500 = "llmqueue.api.handlers.server_error"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -293,3 +294,12 @@ def production_server(tmp_path: Path) -> Iterator[str]:
         yield url
     finally:
         processes.stop(server)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The generated requests' tally (tests/fuzz_tally.py), when a run generated any."""
+    from tests.fuzz_tally import GENERATED
+
+    if GENERATED:
+        kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(GENERATED.items()))
+        terminalreporter.write_line(f"generated requests: {sum(GENERATED.values())} ({kinds})")

@@ -238,6 +238,7 @@ def test_bad_key_is_401(live_server, seeded: Seeded, clean_redis, key, code):
     assert response.json()["error"] == {
         "message": response.json()["error"]["message"],
         "type": "authentication_error",
+        "param": None,
         "code": code,
     }
     assert_nothing_enqueued(clean_redis)

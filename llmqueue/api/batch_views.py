@@ -10,6 +10,7 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 
 from llmqueue.api import validation
 from llmqueue.api.auth import Caller, authenticate
+from llmqueue.api.body import declared_length, read_body
 from llmqueue.api.errors import BadRequest, Conflict, InvalidParameter, NotFound, PayloadTooLarge
 from llmqueue.api.responses import batch_body, file_body, list_body
 from llmqueue.api.tiers import TIER_HEADER, caller_on_tier, on_bulk_tier
@@ -48,7 +49,7 @@ def _page(request: HttpRequest, rows: QuerySet[Any], default: int) -> tuple[list
 
 
 def _upload(request: HttpRequest, caller: Caller) -> HttpResponse:
-    if int(request.META.get("CONTENT_LENGTH") or 0) > settings.LLMQUEUE_BULK_MAX_FILE_BYTES:
+    if (declared_length(request) or 0) > settings.LLMQUEUE_BULK_MAX_FILE_BYTES:
         raise PayloadTooLarge(
             f"Files take at most {settings.LLMQUEUE_BULK_MAX_FILE_BYTES} bytes.", param="file"
         )
@@ -117,7 +118,8 @@ def _batch_response(job: BulkJob) -> JsonResponse:
 def batch_list(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         caller = _batch_caller(request)
-        return _batch_response(jobs.create_job(caller, validation.parse_json_object(request.body)))
+        body = validation.parse_json_object(read_body(request))
+        return _batch_response(jobs.create_job(caller, body))
     caller = authenticate(request)
     page, more = _page(request, BulkJob.objects.filter(tenant_id=caller.tenant_id), default=20)
     return JsonResponse(list_body([batch_body(j, jobs.line_counts(j)) for j in page], more))

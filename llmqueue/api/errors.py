@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
-from django.http import JsonResponse
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import JsonResponse, UnreadablePostError
+from django.http.multipartparser import MultiPartParserError
 
 from contract.failures import ContextLengthExceeded, RequestCancelled, RequestRejected
 
@@ -67,6 +69,10 @@ class Forbidden(ApiError):
 class NotFound(ApiError):
     status = 404
     code = "not_found"
+
+
+def unknown_endpoint(method: str | None, path: str) -> NotFound:
+    return NotFound(f"Unknown endpoint: {method} {path}.", code="unknown_url")
 
 
 class MethodNotAllowed(ApiError):
@@ -155,9 +161,15 @@ def is_client_error(error: ApiError) -> bool:
 
 def error_response(error: ApiError) -> JsonResponse:
     """Render an ApiError as OpenAI's error body, with Retry-After when it has one."""
-    body = {"error": {"message": error.message, "type": error.type, "code": error.code}}
-    if error.param is not None:
-        body["error"]["param"] = error.param
+    # OpenAI's shape has all four keys, `param` null when no one field is at fault.
+    body = {
+        "error": {
+            "message": error.message,
+            "type": error.type,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
     response = JsonResponse(body, status=error.status)
     if error.retry_after_seconds is not None:
         response["Retry-After"] = str(max(1, math.ceil(error.retry_after_seconds)))
@@ -175,6 +187,23 @@ class PayloadTooLarge(ApiError):
 
     status = 413
     code = "file_too_large"
+
+
+class RequestTooLarge(ApiError):
+    """A request body beyond LLMQUEUE_MAX_BODY_BYTES, refused before it is read or parsed."""
+
+    status = 413
+    code = "request_too_large"
+
+
+def request_error(exc: Exception) -> ApiError | None:
+    """The API error for what Django raises on a malformed request (an oversized or broken body,
+    too many form fields, a suspicious upload): the caller's fault, a 4xx. None: a crash."""
+    if isinstance(exc, RequestDataTooBig):
+        return RequestTooLarge(str(exc) or "The request body is too large.")
+    if isinstance(exc, SuspiciousOperation | MultiPartParserError | UnreadablePostError):
+        return BadRequest(f"The request could not be read: {exc}.", code="invalid_request")
+    return None
 
 
 class Conflict(ApiError):

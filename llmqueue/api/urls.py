@@ -1,6 +1,6 @@
 """URLs of the OpenAI-compatible API under /v1/, the Files and Batch APIs included."""
 
-from django.urls import path
+from django.urls import path, re_path
 
 from llmqueue.api import batch_views, views
 
@@ -16,4 +16,7 @@ urlpatterns = [
     path("batches", batch_views.batch_list, name="batches"),
     path("batches/<str:batch_id>", batch_views.batch_detail, name="batch"),
     path("batches/<str:batch_id>/cancel", batch_views.batch_cancel, name="batch-cancel"),
+    path("openapi.json", views.openapi, name="openapi"),
+    # Last: any other /v1/ path is a JSON 404, whatever DEBUG and handler404 say.
+    re_path(r"^(?P<path>[\s\S]*)$", views.unknown_route, name="unknown-route"),
 ]

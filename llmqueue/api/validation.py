@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 
@@ -39,6 +39,21 @@ CHAT_FIELDS = frozenset(
 )
 CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 MAX_STOP_SEQUENCES = 4
+# OpenAI's bodies nest four deep (messages[].content[].text); refusing far deeper ones here keeps
+# every later recursive step (the row's JSON, the task message, the engine) within its stack.
+MAX_NESTING = 32
+# What each integer may hold on its way to the engine: vLLM keeps seeds as int64 and its batch's
+# top_k and token counts in int32 tensors; a larger value crashes there, after admission.
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+INTEGER_BOUNDS = {
+    "seed": INT64,
+    "top_k": INT32,
+    "n": INT32,
+    "min_tokens": INT32,
+    "max_tokens": INT32,
+    "max_completion_tokens": INT32,
+}
 
 
 @dataclass(frozen=True)
@@ -56,14 +71,127 @@ class PromptSpec:
     deadline_seconds: float | None = None
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+# Python's json takes NaN and Infinity, which JSON has not: refused as the syntax errors they are.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
+def decode_json(raw: bytes, what: str = "body") -> Any:
+    """`raw` as JSON, or BadRequest: bad syntax or encoding, NaN, an integer of more than 4300
+    digits (Python's limit), nesting deeper than the interpreter's recursion limit."""
     try:
-        body = json.loads(raw or b"null")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"The body is not valid JSON: {exc}.", code="invalid_json") from exc
+        return _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise BadRequest(f"The {what} is not valid JSON: {exc}.", code="invalid_json") from exc
+    except RecursionError:
+        raise BadRequest(
+            f"The {what} nests too deeply (at most {MAX_NESTING} levels).", code="invalid_json"
+        ) from None
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    body = decode_json(raw or b"null")
     if not isinstance(body, dict):
         raise BadRequest("The body must be a JSON object.", code="invalid_json")
+    if not surely_storable(raw):
+        check_text(body)
     return body
+
+
+def surely_storable(raw: bytes) -> bool:
+    """Whether JSON `raw` cannot hold what check_text refuses, read off its bytes in C (most
+    bodies: then the walk is skipped). In UTF-8 a NUL or a lone surrogate takes a \\u escape or
+    a surrogate's lead byte 0xED, and MAX_NESTING levels take as many brackets; a body in
+    UTF-16 or UTF-32 (which JSON allows) has NUL bytes, and is walked."""
+    return (
+        b"\\u" not in raw
+        and b"\xed" not in raw
+        and b"\x00" not in raw
+        and raw.count(b"[") + raw.count(b"{") <= MAX_NESTING
+    )
+
+
+def is_storable_text(text: str) -> bool:
+    """Text the database and the tokenizer take: UTF-8 encodable (no lone surrogate such as
+    "\\ud800") and without NUL, which PostgreSQL's text and jsonb refuse."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return False
+    return "\x00" not in text
+
+
+def _field_path(path: tuple[str | int, ...]) -> str:
+    """`messages[0].content`: how params name a field deep in the body."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else part
+    return text
+
+
+def check_text(body: dict[str, Any]) -> None:
+    """Every string of `body` (keys too) storable, every container within MAX_NESTING levels;
+    else BadRequest naming the field. Level by level in C-speed extends, without recursion (the
+    input chooses the depth); only a body that fails is walked again to name where."""
+    level: list[Any] = [body]
+    depth = 0
+    while level:
+        below: list[Any] = []
+        for value in level:
+            if isinstance(value, str):
+                # isascii() is a flag lookup: most strings cost no more than that and a memchr.
+                if (not value.isascii() or "\x00" in value) and not is_storable_text(value):
+                    _name_the_fault(body)
+            elif isinstance(value, dict):
+                if depth >= MAX_NESTING:
+                    _name_the_fault(body)
+                below.extend(value)  # its keys
+                below.extend(value.values())
+            elif isinstance(value, list):
+                if depth >= MAX_NESTING:
+                    _name_the_fault(body)
+                below.extend(value)
+        level = below
+        depth += 1
+
+
+def _name_the_fault(body: dict[str, Any]) -> NoReturn:
+    """Raise the BadRequest for `body`'s first unstorable string or too-deep container."""
+    pending: list[tuple[Any, tuple[str | int, ...]]] = [(body, ())]
+    while pending:
+        value, path = pending.pop()
+        if isinstance(value, str):
+            if not is_storable_text(value):
+                raise _bad_text(path)
+            continue
+        if isinstance(value, dict | list) and len(path) >= MAX_NESTING:
+            raise BadRequest(
+                f"'{_field_path(path)}' nests deeper than {MAX_NESTING} levels.",
+                code="invalid_request",
+                param=_field_path(path),
+            )
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not is_storable_text(key):
+                    raise _bad_text(path)
+                pending.append((item, (*path, key)))
+        elif isinstance(value, list):
+            pending.extend((item, (*path, index)) for index, item in enumerate(value))
+    raise AssertionError("check_text found a fault that is not there")
+
+
+def _bad_text(path: tuple[str | int, ...]) -> BadRequest:
+    field = _field_path(path) or None
+    return BadRequest(
+        f"'{field or 'body'}' holds a lone UTF-16 surrogate or a NUL character: send text "
+        "that encodes as UTF-8, without NUL.",
+        code="invalid_text",
+        param=field,
+    )
 
 
 def estimate_tokens(text: str) -> int:
@@ -89,6 +217,19 @@ def _typed(body: dict[str, Any], field: str, kinds: tuple[type, ...], label: str
     is_bool_mismatch = isinstance(value, bool) and bool not in kinds
     if is_bool_mismatch or not isinstance(value, kinds):
         raise BadRequest(f"'{field}' must be {label}.", code="invalid_type", param=field)
+    return value
+
+
+def _integer(body: dict[str, Any], field: str) -> int | None:
+    """An integer field within what the engine can hold (INTEGER_BOUNDS); None when absent."""
+    value: int | None = _typed(body, field, (int,), "an integer")
+    low, high = INTEGER_BOUNDS[field]
+    if value is not None and not low <= value <= high:
+        raise BadRequest(
+            f"'{field}' must be an integer from {low} to {high}.",
+            code="integer_out_of_range",
+            param=field,
+        )
     return value
 
 
@@ -119,14 +260,14 @@ def _max_tokens_limit(caller: Caller, route: ModelRoute) -> int:
 def _sampling_params(
     body: dict[str, Any], caller: Caller, route: ModelRoute, max_tokens_field: str
 ) -> dict[str, Any]:
-    if body.get("stream"):
+    if _typed(body, "stream", (bool,), "a boolean"):
         raise BadRequest("Streaming is not supported; omit 'stream'.", param="stream")
-    n = _typed(body, "n", (int,), "an integer")
+    n = _integer(body, "n")
     if n not in (None, 1):
         raise InvalidParameter("Only n=1 is supported.", param="n")
     _typed(body, "user", (str,), "a string")
     limit = _max_tokens_limit(caller, route)
-    max_tokens = _typed(body, max_tokens_field, (int,), "an integer")
+    max_tokens = _integer(body, max_tokens_field)
     if max_tokens is None:
         max_tokens = min(caller.default_max_tokens, limit)
     if not 1 <= max_tokens <= limit:
@@ -145,12 +286,12 @@ def _sampling_params(
         _in_range(field, value, low, high)
         if value is not None:
             params[field] = float(value)
-    top_k = _typed(body, "top_k", (int,), "an integer")
+    top_k = _integer(body, "top_k")
     if top_k is not None and top_k != -1 and top_k < 1:
         raise InvalidParameter("'top_k' must be -1 or at least 1.", param="top_k")
-    min_tokens = _typed(body, "min_tokens", (int,), "an integer")
+    min_tokens = _integer(body, "min_tokens")
     _in_range("min_tokens", min_tokens, 0, max_tokens)
-    seed = _typed(body, "seed", (int,), "an integer")
+    seed = _integer(body, "seed")
     ignore_eos = _typed(body, "ignore_eos", (bool,), "a boolean")
     for field, value in (("top_k", top_k), ("min_tokens", min_tokens), ("seed", seed)):
         if value is not None:
@@ -271,14 +412,13 @@ def parse_messages(raw: Any) -> list[dict[str, str]]:
         raise InvalidParameter("'messages' must not be empty.", param="messages")
     messages = []
     for index, message in enumerate(raw):
-        if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise BadRequest(
                 f"messages[{index}] must be an object with a role in {sorted(CHAT_ROLES)}.",
                 param=f"messages[{index}]",
             )
-        messages.append(
-            {"role": message["role"], "content": _message_text(message.get("content"), index)}
-        )
+        messages.append({"role": role, "content": _message_text(message.get("content"), index)})
     if not any(m["content"].strip() for m in messages):
         raise InvalidParameter("'messages' must not all be empty.", param="messages")
     return messages

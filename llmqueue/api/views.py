@@ -16,6 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 from llmqueue.admission.request import admit_request
 from llmqueue.api import validation
 from llmqueue.api.auth import Caller, authenticate
+from llmqueue.api.body import read_body
 from llmqueue.api.errors import (
     ApiError,
     GenerationFailed,
@@ -27,10 +28,14 @@ from llmqueue.api.errors import (
     error_response,
     failure_error,
     is_client_error,
+    request_error,
+    unknown_endpoint,
 )
+from llmqueue.api.openapi import openapi_document
 from llmqueue.api.responses import completion_body, models_body, request_body
 from llmqueue.api.results import Outcome, wait_for_outcome
 from llmqueue.api.tiers import TIER_HEADER, caller_on_tier
+from llmqueue.api.url_text import check_url_text
 from llmqueue.api.validation import wait_seconds
 from llmqueue.cancellation import cancel_requests
 from llmqueue.metrics.api_errors import count_api_error
@@ -49,23 +54,29 @@ View = Callable[..., HttpResponse]
 
 
 def api_endpoint(*methods: str) -> Callable[[View], View]:
-    """Accept only `methods`; turn every ApiError (and any crash) into an OpenAI-shaped error."""
+    """Accept only `methods` (none given: any); turn every ApiError, every malformed request
+    Django refuses, and any crash into an OpenAI-shaped error."""
 
     def decorate(view: View) -> View:
         @csrf_exempt
         @functools.wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
-                if request.method not in methods:
-                    raise MethodNotAllowed(f"Use {' or '.join(methods)} for this endpoint.")
+                if methods and request.method not in methods:
+                    raise MethodNotAllowed(
+                        f"Use {' or '.join(methods)} for this endpoint.",
+                        headers={"Allow": ", ".join(methods)},
+                    )
+                check_url_text(request)
                 return view(request, *args, **kwargs)
-            except ApiError as error:
-                if is_client_error(error):
+            except Exception as exc:
+                error = exc if isinstance(exc, ApiError) else request_error(exc)
+                if error is None:
+                    log.exception("unhandled error in %s", view.__name__)
+                    error = GenerationFailed("Internal error.", code="internal_error")
+                elif is_client_error(error):
                     count_api_error(error.code)
                 return error_response(error)
-            except Exception:
-                log.exception("unhandled error in %s", view.__name__)
-                return error_response(GenerationFailed("Internal error.", code="internal_error"))
 
         return wrapped
 
@@ -98,7 +109,7 @@ def _respond_with_outcome(
 def _serve_prompt(
     request: HttpRequest, parse: Callable[..., validation.PromptSpec]
 ) -> HttpResponse:
-    body = validation.parse_json_object(request.body)
+    body = validation.parse_json_object(read_body(request))
     caller: Caller = caller_on_tier(
         lambda fresh: authenticate(request, fresh),
         body.get("service_tier"),
@@ -177,3 +188,15 @@ def cancel_request(request: HttpRequest, request_id: str) -> HttpResponse:
         log.warning("request %s cancelled, but Redis could not be told", row.id)
     row.refresh_from_db()
     return JsonResponse(request_body(row))
+
+
+@api_endpoint()
+def unknown_route(request: HttpRequest, path: str) -> HttpResponse:
+    """Every /v1/ path no endpoint serves: a JSON 404, as OpenAI answers, not Django's page."""
+    raise unknown_endpoint(request.method, request.path)
+
+
+@api_endpoint("GET")
+def openapi(request: HttpRequest) -> HttpResponse:
+    """The API's OpenAPI document, generated from its request models; no key needed."""
+    return JsonResponse(openapi_document())

@@ -5,10 +5,12 @@ from __future__ import annotations
 from django.core.files.base import ContentFile, File
 from django.db import transaction
 
-from llmqueue.api.errors import InvalidParameter, NotFound
+from llmqueue.api.errors import BadRequest, InvalidParameter, NotFound
+from llmqueue.api.validation import is_storable_text
 from llmqueue.models import BulkJob, StoredFile
 
 UPLOAD_PURPOSES = frozenset({StoredFile.Purpose.BATCH})
+FILENAME_CHARS = StoredFile._meta.get_field("filename").max_length or 255
 
 
 def store_upload(tenant_id: int, purpose: str, upload: File, filename: str) -> StoredFile:
@@ -16,6 +18,11 @@ def store_upload(tenant_id: int, purpose: str, upload: File, filename: str) -> S
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidParameter(
             f"'purpose' must be 'batch'; got {purpose!r}.", code="invalid_purpose", param="purpose"
+        )
+    if len(filename) > FILENAME_CHARS or not is_storable_text(filename):
+        raise BadRequest(
+            f"The file's name must be text of at most {FILENAME_CHARS} characters, without NUL.",
+            param="file",
         )
     stored = StoredFile(tenant_id=tenant_id, purpose=purpose, filename=filename, bytes=upload.size)
     stored.content.save(filename, upload, save=False)

@@ -55,7 +55,7 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
 
 def completion_window_seconds(window: Any) -> int:
     windows: dict[str, int] = settings.LLMQUEUE_BULK_COMPLETION_WINDOWS
-    if window not in windows:
+    if not isinstance(window, str) or window not in windows:
         raise InvalidParameter(
             f"'completion_window' must be one of {', '.join(windows)}; got {window!r}.",
             param="completion_window",
@@ -64,7 +64,7 @@ def completion_window_seconds(window: Any) -> int:
 
 
 def check_endpoint(endpoint: Any) -> str:
-    if endpoint not in ENDPOINTS:
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
         raise InvalidParameter(
             f"'endpoint' must be one of {', '.join(ENDPOINTS)}; got {endpoint!r}.",
             code="invalid_endpoint",

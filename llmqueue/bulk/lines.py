@@ -9,7 +9,6 @@ per minute). Every line is checked before anything is stored: one bad line fails
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -69,9 +68,11 @@ class Parsed:
 def line_object(raw: bytes) -> dict[str, Any]:
     """One JSONL line as a line object, or why it is not one."""
     try:
-        obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LineInvalid("invalid_json", f"The line is not valid JSON: {exc}.") from exc
+        obj = validation.decode_json(raw, "line")
+        if isinstance(obj, dict) and not validation.surely_storable(raw):
+            validation.check_text(obj)
+    except ApiError as error:
+        raise LineInvalid(error.code or "invalid_json", error.message, error.param) from error
     if not isinstance(obj, dict):
         raise LineInvalid("invalid_json", "The line must be a JSON object.")
     unknown = sorted(set(obj) - LINE_FIELDS)
