@@ -53,6 +53,7 @@ def test_broker_down_answers_503_and_stores_nothing(seeded: Seeded, stack: Stack
         "error": {
             "message": "The queue is unavailable; retry shortly.",
             "type": "server_error",
+            "param": None,
             "code": "unavailable",
         }
     }
