@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
-from collections import Counter
 from typing import Any
 
 import httpx
@@ -18,7 +16,7 @@ from llmqueue.models import BulkJob, PromptRequest
 from tests.conftest import SIMULATED, Seeded, wait_until
 from tests.stack import Stack, kill, stack_fixture  # noqa: F401 (the stack fixture)
 from tests.test_batches import jsonl, line
-from tests.test_redelivery import count_published_results
+from tests.test_crash_recovery import listen
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = PromptRequest.Status
@@ -84,16 +82,6 @@ def assert_each_line_once(stack: Stack, key: str, batch: dict[str, Any]) -> None
     usage = [o["response"]["body"]["usage"]["completion_tokens"] for o in out]
     assert usage == [MAX_TOKENS] * LINES
     assert PromptRequest.objects.filter(status=S.SUCCEEDED).count() == LINES
-
-
-def listen(client: redis.Redis) -> tuple[Counter[str], threading.Event, threading.Thread]:
-    published: Counter[str] = Counter()
-    stop = threading.Event()
-    listener = threading.Thread(
-        target=count_published_results, args=(client, published, stop), daemon=True
-    )
-    listener.start()
-    return published, stop, listener
 
 
 def test_a_batch_survives_its_api_and_pacer_killed_mid_job(seeded: Seeded, stack: Stack):

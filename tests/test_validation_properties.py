@@ -71,30 +71,28 @@ def test_any_bytes_are_a_json_object_or_a_400(raw: bytes):
     assert isinstance(body, dict)
 
 
-@PROPERTIES
-@given(body=COMPLETIONS)
-def test_any_completion_body_is_a_spec_or_a_4xx(body: dict[str, Any]):
+def check_spec_or_refusal(body: dict[str, Any], parse: Any) -> None:
+    """`body` parses to a spec the engine can take, or is refused as a 4xx."""
     count_generated("validator properties")
     try:
         parsed = validation.parse_json_object(json.dumps(body).encode())
-        spec = validation.parse_completion(parsed, CALLER, ROUTE, None)
+        spec = parse(parsed, CALLER, ROUTE, None)
     except ApiError as error:
         assert_refusal(error)
         return
     assert_engine_can_take(spec)
+
+
+@PROPERTIES
+@given(body=COMPLETIONS)
+def test_any_completion_body_is_a_spec_or_a_4xx(body: dict[str, Any]):
+    check_spec_or_refusal(body, validation.parse_completion)
 
 
 @PROPERTIES
 @given(body=CHATS)
 def test_any_chat_body_is_a_spec_or_a_4xx(body: dict[str, Any]):
-    count_generated("validator properties")
-    try:
-        parsed = validation.parse_json_object(json.dumps(body).encode())
-        spec = validation.parse_chat(parsed, CALLER, ROUTE, None)
-    except ApiError as error:
-        assert_refusal(error)
-        return
-    assert_engine_can_take(spec)
+    check_spec_or_refusal(body, validation.parse_chat)
 
 
 def faulty(value: Any, depth: int = 0) -> bool:
