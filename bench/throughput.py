@@ -87,7 +87,9 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         cpu_threads=args.stack_cpu_threads,
         **engine_flags(args),
     )
-    slots = options.SlotOptions(pool=POOL, slots=args.slots, loglevel="WARNING")
+    slots = options.SlotOptions(
+        pool=POOL, slots=args.slots, loglevel="WARNING", bulk_reserve=args.bulk_reserve
+    )
     return command.worker_argv(engine, slots)
 
 
@@ -413,6 +415,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="worker task slots (0: the worker's default, max-num-seqs + 1/32)",
     )
     parser.add_argument(
+        "--bulk-reserve",
+        type=int,
+        default=-1,
+        help="the worker's --bulk-reserve (-1: its default, max-num-seqs; 0: none, the short "
+        "line alone)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=5, help="interleaved direct/stack rounds (medians kept)"
     )
     parser.add_argument(
@@ -488,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunk_size": args.chunks[0],
         "by_chunk_size": by_chunk,
         "slots": task_slots(args),
+        "bulk_reserve": options.bulk_reserve(args.bulk_reserve, args.max_num_seqs, "ours"),
         "stack_cpu_threads": args.stack_cpu_threads,
         "stack_env": args.stack_env,
         "direct_steps": statistics.median(r["direct_steps"] for r in rounds),

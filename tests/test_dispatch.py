@@ -31,6 +31,7 @@ from workers.engine_budget import (
     tier_request_cap,
     tier_token_cap,
 )
+from workers.options import bulk_reserve
 from workers.queue_order import Dispatcher
 
 INTER, BATCH = "default.interactive", "default.batch"
@@ -274,6 +275,32 @@ def test_dispatcher_leaves_a_capped_tier_out_and_wakes_the_loop_when_all_are_out
     d.budget.take(["i0"])[0].release()
     assert d._hub.calls == 1  # nothing was being fetched: the loop must look again
     assert d.order([INTER, BATCH]) == [INTER]  # batch stays out: the worker holds 14
+
+
+def test_the_bulk_reserve_is_held_by_capped_tiers_only_and_parks_outside_the_engine():
+    # 4 sequences, a short line of 5 task slots and a reserve of 4 more: 9 in all.
+    d = dispatcher(limits=EngineLimits(4, task_slots=9, token_budget=100_000, reserve=4))
+    d.order([INTER, BATCH])
+    for i in range(8):
+        assert d.order([INTER, BATCH]) == [INTER, BATCH]
+        d.budget.hold(BATCH, f"b{i}", 10)
+    assert d.order([INTER, BATCH]) == [INTER]  # the last slot is interactive's headroom
+    batch = GenerationRequest("b", lane=BATCH, priority=6)
+    assert not d.may_start(batch, 3, 3)  # the reserve waits parked, not in the engine
+    d.budget.take([f"b{i}" for i in range(8)])
+    budget = EngineBudget(EngineLimits(4, task_slots=9, token_budget=100_000, reserve=4))
+    for i in range(5):
+        assert budget.admits(INTER, 1.0)
+        budget.hold(INTER, f"i{i}", 10)
+    assert not budget.admits(INTER, 1.0)  # an urgent tier's line stays 5: it has no reserve
+
+
+def test_the_bulk_reserve_defaults_to_one_engine_with_our_dispatch_only():
+    assert bulk_reserve(-1, 64, "ours") == 64
+    assert bulk_reserve(16, 64, "ours") == 16
+    assert bulk_reserve(0, 64, "ours") == 0
+    assert bulk_reserve(-1, 64, "strict") == 0  # no parking there: it would lengthen vLLM's line
+    assert bulk_reserve(-1, 64, "fifo") == 0
 
 
 def test_dispatcher_parks_a_capped_tiers_request_while_the_engine_holds_the_headroom():

@@ -38,8 +38,9 @@ class EngineLimits:
     """The worker's engine, as the budget sees it."""
 
     max_num_seqs: int
-    task_slots: int
+    task_slots: int  # every task slot, the bulk reserve included
     token_budget: int
+    reserve: int = 0  # of the task slots, those only capped tiers may hold (parked)
 
 
 def default_token_budget(max_num_seqs: int, typical_request_tokens: int) -> int:
@@ -50,9 +51,10 @@ def default_token_budget(max_num_seqs: int, typical_request_tokens: int) -> int:
 
 def tier_request_cap(share: float, limits: EngineLimits) -> int:
     """Requests a tier may hold: its share of the engine's sequences (at least one, so a tier
-    always progresses); a share of 1 is every task slot, the engine's waiting queue included."""
+    always progresses); a share of 1 is every task slot but the bulk reserve: the engine's
+    sequences and its short waiting queue."""
     if share >= 1.0:
-        return limits.task_slots
+        return limits.task_slots - limits.reserve
     return max(1, math.floor(share * limits.max_num_seqs))
 
 

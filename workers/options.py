@@ -48,6 +48,7 @@ class SlotOptions:
     events: bool = False
     dispatch: str = "ours"  # a workers.dispatch.DispatchMode
     token_budget: int = 0  # 0 → max_num_seqs × LLMQUEUE_TYPICAL_REQUEST_TOKENS
+    bulk_reserve: int = -1  # -1 → max_num_seqs with --dispatch ours (see bulk_reserve)
 
 
 def task_slots(requested: int, max_num_seqs: int) -> int:
@@ -62,6 +63,22 @@ def task_slots(requested: int, max_num_seqs: int) -> int:
     if requested > 0:
         return requested
     return max_num_seqs + max(1, -(-max_num_seqs // 32))
+
+
+def bulk_reserve(requested: int, max_num_seqs: int, dispatch: str) -> int:
+    """Task slots beyond `task_slots` that only capped (bulk) tiers may fill: their requests wait
+    parked in the worker, outside the engine, and join it the step a sequence frees. Without
+    them a backlog of equal-length bulk requests finishes a whole engine at once and the engine
+    then runs near-empty while Celery fetches the next engine's worth one message at a time:
+    bench/throughput.py counted 715-779 engine steps for 640 of direct work (8 prompts per
+    message; 12 steps at 9 sequences after each wave on a loaded machine), 641 with the
+    reserve. The urgent tiers' line stays short (`task_slots`): they cannot hold the reserve,
+    and parked bulk requests never enter vLLM's own waiting queue, so no urgent request waits
+    behind them. Default: one engine's worth (max_num_seqs), with --dispatch ours only (the
+    baselines have no parking: a reserve would be a longer engine queue for them)."""
+    if dispatch != "ours":
+        return 0
+    return max_num_seqs if requested < 0 else requested
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,12 +126,20 @@ def add_slot_arguments(parser: argparse.ArgumentParser) -> None:
         help="estimated tokens (prompt + max_tokens) the worker holds at once "
         "(default max-num-seqs × LLMQUEUE_TYPICAL_REQUEST_TOKENS)",
     )
+    parser.add_argument(
+        "--bulk-reserve",
+        type=int,
+        default=-1,
+        help="task slots beyond --slots that only capped (bulk) tiers fill, parked in the worker "
+        "until the engine has room (default max-num-seqs with --dispatch ours, else 0)",
+    )
 
 
 def slot_argv(slots: SlotOptions) -> list[str]:
     """Flags that make `workers.serve` use the same slots and dispatch policy."""
     argv = ["--pool", slots.pool, "--slots", str(slots.slots), "--loglevel", slots.loglevel]
     argv += ["--dispatch", slots.dispatch, "--token-budget", str(slots.token_budget)]
+    argv += ["--bulk-reserve", str(slots.bulk_reserve)]
     return argv + (["--events"] if slots.events else [])
 
 

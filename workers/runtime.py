@@ -122,7 +122,7 @@ class WorkerRuntime:
 
 
 def build_dispatcher(
-    mode: DispatchMode, max_num_seqs: int, slots: int, token_budget: int
+    mode: DispatchMode, max_num_seqs: int, slots: int, token_budget: int, reserve: int = 0
 ) -> Dispatcher:
     """The worker's dispatcher (workers/queue_order.py) with the tiers as they are now."""
     budget = token_budget or default_token_budget(
@@ -130,7 +130,7 @@ def build_dispatcher(
     )
     dispatcher = Dispatcher(
         mode,
-        EngineLimits(max_num_seqs, slots, budget),
+        EngineLimits(max_num_seqs, slots + reserve, budget, reserve),
         settings.LLMQUEUE_BYTES_PER_TOKEN,
         settings.LLMQUEUE_HEADROOM_WINDOW_SECONDS,
     )

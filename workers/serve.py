@@ -23,6 +23,7 @@ from workers.engines import build_engine
 from workers.options import (
     add_engine_arguments,
     add_slot_arguments,
+    bulk_reserve,
     engine_options,
     slot_options,
     task_slots,
@@ -116,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_log:
         log_engine_steps(engine, args.step_log)
     slots = task_slots(slot_opts.slots, engine_opts.max_num_seqs)
+    reserve = bulk_reserve(slot_opts.bulk_reserve, engine_opts.max_num_seqs, slot_opts.dispatch)
     mode = DispatchMode(slot_opts.dispatch)
     dispatcher = runtime.build_dispatcher(
-        mode, engine_opts.max_num_seqs, slots, slot_opts.token_budget
+        mode, engine_opts.max_num_seqs, slots, slot_opts.token_budget, reserve
     )
     # --queues: exactly those, as told; else the pool's tier queues as tiers come and go.
     info = {"engine": engine_opts.kind, "model": engine_opts.model}
@@ -128,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     serve_with(worker)
     runtime.attach(worker)
     warn_fifo_over_queues(mode, queues)
-    app.worker_main(celery_argv(queues, slots, node, slot_opts.loglevel, slot_opts.events))
+    threads = slots + reserve
+    app.worker_main(celery_argv(queues, threads, node, slot_opts.loglevel, slot_opts.events))
     return 0
 
 
