@@ -191,9 +191,11 @@ def run_prompts(runtime: WorkerRuntime, payloads: list[TaskPayload]) -> None:
     each outcome is published by the recorder.
 
     Raises Ignore when this delivery did nothing to publish (the requests were already finished,
-    or another attempt took them over) or only expiries (the recorder published those: their
-    deadline passed before the engine got them), and GenerationError when the engine failed a
-    request (so Celery logs and counts a failure; the others' results are published all the same).
+    or another attempt took them over), only expiries (the recorder published those: their
+    deadline passed before the engine got them) or only refusals of a model the worker does
+    not serve (published too, and the worker warned once per model, not an ERROR per request),
+    and GenerationError when the engine failed a request (so Celery logs and counts a failure;
+    the others' results are published all the same).
     """
     recorder, engine, worker = runtime.recorder, runtime.engine, runtime.node
     served = runtime.served
@@ -221,6 +223,9 @@ def run_prompts(runtime: WorkerRuntime, payloads: list[TaskPayload]) -> None:
             log.warning(
                 "request %s finished but its result could not be published", claim.request_id
             )
-    failed = [outcome for _, outcome, _ in recorded if not outcome.succeeded]
+    refused = [o for _, o, _ in recorded if o.error_code == ModelNotServed.code]
+    failed = [o for _, o, _ in recorded if not o.succeeded and o.error_code != ModelNotServed.code]
     if failed:
         raise GenerationError("; ".join(f"{o.request_id}: {o.error}" for o in failed))
+    if len(refused) == len(recorded):
+        raise Ignore()
