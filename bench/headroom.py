@@ -315,7 +315,8 @@ class QueueRunner:
         self.keys = harness.seed_tenants(env, tenants, model=MODEL_NAME, pool=POOL)
         self.step_log = workdir / "worker-steps.log"
         slots = SlotOptions(pool=POOL, slots=args.slots, loglevel="WARNING")
-        extra = [*engine_flags(args), "--step-log", str(self.step_log)]
+        extra = [*engine_flags(args), "--served-model-name", MODEL_NAME]
+        extra += ["--step-log", str(self.step_log)]
         argv = worker_argv(slots=slots, extra=extra)
         self.worker = harness.start_process(
             "worker", argv, env, harness.RESULTS / "headroom-worker.log"

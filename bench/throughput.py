@@ -83,6 +83,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     engine = EngineOptions(
         kind="vllm",
         model=args.model_path,
+        served_model_name=MODEL_NAME,
         in_process=args.engine_core == "thread",
         cpu_threads=args.stack_cpu_threads,
         **engine_flags(args),

@@ -32,7 +32,22 @@ class RequestCancelled(GenerationError):
     code = "request_cancelled"
 
 
+class ModelNotServed(GenerationError):
+    """The request reached a worker that does not serve its model (a served model mapped to the
+    wrong pool, a worker started with the wrong --model): the operator's routing, not the
+    caller's request, is at fault, and nothing was generated, so a retry is safe once routing is
+    fixed or another worker of the pool serves the model: 503."""
+
+    code = "model_not_served"
+
+
 FAILURES: dict[str, type[GenerationError]] = {
     cls.code: cls
-    for cls in (GenerationError, RequestRejected, ContextLengthExceeded, RequestCancelled)
+    for cls in (
+        GenerationError,
+        RequestRejected,
+        ContextLengthExceeded,
+        RequestCancelled,
+        ModelNotServed,
+    )
 }

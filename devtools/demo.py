@@ -114,6 +114,7 @@ def worker_argv(model_path: Path) -> list[str]:
     engine = EngineOptions(
         kind="vllm",
         model=str(model_path),
+        served_model_name=MODEL_NAME,
         in_process=True,
         enforce_eager=True,
         max_num_seqs=32,

@@ -3,6 +3,7 @@ request back when the claim loses; a request past its deadline never reaches the
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from concurrent.futures import Future
@@ -16,7 +17,10 @@ from tests.conftest import wait_until
 from workers.engine_budget import NO_HOLD
 from workers.execution import start_prompt
 from workers.recorder import Recorded, Recorder
+from workers.served_models import ServedModels, served_model_names
 from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
+
+SERVED = ServedModels({"sim"}, "p", "w")  # the model the payloads below ask for
 
 
 class HeldClaims:
@@ -54,7 +58,7 @@ def engine() -> Any:
 
 def test_the_engine_starts_while_the_claim_is_recorded(engine: SimulatedEngine):
     recorder, rid = HeldClaims(), uuid.uuid4()
-    done = start_prompt(payload(rid, 5, 30), "w", cast(Recorder, recorder), engine)
+    done = start_prompt(payload(rid, 5, 30), "w", cast(Recorder, recorder), engine, SERVED)
     wait_until(lambda: engine.steps >= 2, 10, "steps")  # generating before anyone knows it may
     recorder.claims[0].set_result(lifecycle.Claim(rid, attempt=1))
     claim, outcome, recorded = done.result(timeout=10)
@@ -65,7 +69,7 @@ def test_the_engine_starts_while_the_claim_is_recorded(engine: SimulatedEngine):
 
 def test_a_lost_claim_takes_the_generation_back_and_records_nothing(engine: SimulatedEngine):
     recorder, rid = HeldClaims(), uuid.uuid4()
-    done = start_prompt(payload(rid, 100_000, 30), "w", cast(Recorder, recorder), engine)
+    done = start_prompt(payload(rid, 100_000, 30), "w", cast(Recorder, recorder), engine, SERVED)
     wait_until(lambda: engine.steps >= 2, 10, "steps")
     recorder.claims[0].set_result(lifecycle.Claim(rid, attempt=None))  # another attempt has it
     assert done.result(timeout=10) == (lifecycle.Claim(rid, attempt=None), None, None)
@@ -75,7 +79,7 @@ def test_a_lost_claim_takes_the_generation_back_and_records_nothing(engine: Simu
 
 def test_a_request_past_its_deadline_is_only_claimed_never_generated(engine: SimulatedEngine):
     recorder, rid = HeldClaims(), uuid.uuid4()
-    done = start_prompt(payload(rid, 5, -1), "w", cast(Recorder, recorder), engine)
+    done = start_prompt(payload(rid, 5, -1), "w", cast(Recorder, recorder), engine, SERVED)
     time.sleep(0.05)
     assert engine.submitted == 0
     recorder.claims[0].set_result(lifecycle.Claim(rid, attempt=None, expired=True))
@@ -93,7 +97,7 @@ def test_a_request_started_at_delivery_runs_its_chain_before_any_task(engine: Si
 
     recorder = HeldClaims()
     budget = EngineBudget(EngineLimits(8, 8, 10_000))
-    prestarts = PreStarts(partial(start_delivered, "w", cast(Recorder, recorder), engine))
+    prestarts = PreStarts(partial(start_delivered, "w", cast(Recorder, recorder), engine, SERVED))
     kept, dropped, late = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     for rid, max_tokens, deadline_in in ((kept, 5, 30), (dropped, 5, 30), (late, 5, -1)):
         hold = budget.hold("p.batch", str(rid), 10, pending=False)
@@ -118,3 +122,45 @@ def test_a_request_started_at_delivery_runs_its_chain_before_any_task(engine: Si
     assert sorted(f.request_id for f in recorder.finished) == sorted([kept, dropped])
     assert prestarts.take(str(late)) is not None and len(prestarts) == 0
     wait_until(lambda: budget.requests == 0, 10, "every chain's hold released")
+
+
+def test_a_request_for_a_model_the_worker_does_not_serve_is_claimed_failed_never_generated(
+    engine: SimulatedEngine, caplog: pytest.LogCaptureFixture
+):
+    served = ServedModels({"other"}, "p", "p@host")
+    recorder = HeldClaims()
+    rids = [uuid.uuid4(), uuid.uuid4()]
+    with caplog.at_level(logging.WARNING, logger="workers.served_models"):
+        chains = [
+            start_prompt(payload(rid, 5, 30), "w", cast(Recorder, recorder), engine, served)
+            for rid in rids
+        ]
+    assert engine.submitted == 0  # refused before the engine, while the claim is recorded
+    for pending, rid in zip(recorder.claims, rids, strict=True):
+        pending.set_result(lifecycle.Claim(rid, attempt=1))
+    reason = (
+        "pool 'p' worker p@host serves model 'other', not 'sim': check ServedModel routing / "
+        "the worker's --model (--served-model-name)"
+    )
+    for chain, rid in zip(chains, rids, strict=True):
+        claim, outcome, recorded = chain.result(timeout=10)
+        assert (claim.attempt, recorded) == (1, Recorded(won=True, published=True))
+        assert outcome == lifecycle.Finish(
+            rid, 1, succeeded=False, error=reason, error_code="model_not_served"
+        )
+    assert engine.submitted == 0 and engine.steps == 0
+    # Misrouting sends every request of the model here: one warning says so, not one each.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"refusing requests for a model this worker does not serve: {reason}"
+    ]
+
+
+def test_a_worker_serves_its_served_model_names_or_else_its_model():
+    assert served_model_names("", "/models/llama-8b") == {"/models/llama-8b"}
+    assert served_model_names("llama-8b, llama ,", "/models/llama-8b") == {"llama-8b", "llama"}
+    served = ServedModels(served_model_names("a,b", "/m"), "p", "w")
+    assert served.refusal("a") is None and served.refusal("b") is None
+    assert served.refusal("/m") == (
+        "pool 'p' worker w serves models 'a', 'b', not '/m': check ServedModel routing / "
+        "the worker's --model (--served-model-name)"
+    )

@@ -5,9 +5,20 @@ from __future__ import annotations
 import uuid
 from concurrent.futures import Future
 
-from contract.failures import ContextLengthExceeded, GenerationError, RequestRejected
+from contract.failures import (
+    ContextLengthExceeded,
+    GenerationError,
+    ModelNotServed,
+    RequestRejected,
+)
 from llmqueue import lifecycle
-from llmqueue.api.errors import BadRequest, GenerationFailed, PromptTooLarge, failure_error
+from llmqueue.api.errors import (
+    BadRequest,
+    GenerationFailed,
+    Misrouted,
+    PromptTooLarge,
+    failure_error,
+)
 from workers.engine import EngineError, GenerationResult, PromptTooLong
 from workers.execution import outcome_of
 from workers.recorder import result_of
@@ -39,6 +50,7 @@ def test_published_failure_carries_its_kind_as_the_exception_type():
         ("context_length_exceeded", ContextLengthExceeded),
         ("invalid_request", RequestRejected),
         ("generation_failed", GenerationError),
+        ("model_not_served", ModelNotServed),
         ("", GenerationError),  # rows recorded before kinds existed
     ):
         exc, state = result_of(lifecycle.Finish(RID, 1, False, error="why", error_code=code))
@@ -58,6 +70,18 @@ def test_api_answers_the_requests_fault_with_4xx_and_the_engines_with_500():
         GenerationFailed, 500, "Generation failed: engine closed",
     )  # fmt: skip
     assert crashed.headers == headers
+
+
+def test_api_answers_a_request_routed_to_a_worker_of_another_model_with_503():
+    # The operator's routing is at fault, not the request, and nothing was generated: a 5xx
+    # the caller may retry, without a Retry-After, since only fixing the routing helps.
+    why = "pool 'p' worker w serves model 'a', not 'b': check ServedModel routing / …"
+    misrouted = failure_error("ModelNotServed", why, {})
+    assert (type(misrouted), misrouted.status, misrouted.type, misrouted.code) == (
+        Misrouted, 503, "server_error", "model_not_served",
+    )  # fmt: skip
+    assert (misrouted.message, misrouted.retry_after_seconds) == (why, None)
+    assert misrouted.from_outcome  # counted with the request's outcome, not as a refusal
 
 
 def test_a_published_failure_reaches_the_waiting_api_with_its_kind(clean_redis):

@@ -13,6 +13,9 @@ class EngineOptions:
 
     kind: str = "vllm"  # "vllm" (GPU or CPU build) | "simulated"
     model: str = ""
+    # The ServedModel names the worker answers for, comma-separated; "" → `model` (vLLM's
+    # default). Not the engine's: the worker checks each request's model against them.
+    served_model_name: str = ""
     max_num_seqs: int = 64
     dtype: str = "auto"
     max_model_len: int | None = None

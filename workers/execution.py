@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery.exceptions import Ignore, Reject
 
-from contract.failures import ContextLengthExceeded, GenerationError, RequestRejected
+from contract.failures import (
+    ContextLengthExceeded,
+    GenerationError,
+    ModelNotServed,
+    RequestRejected,
+)
 from contract.task import TaskPayload
 from llmqueue import lifecycle
 from workers.batching import HandedBack
@@ -26,6 +31,7 @@ from workers.engine import Engine, EngineError, GenerationResult, PromptTooLong
 from workers.engine_budget import NO_HOLD, Hold
 from workers.prestart import start_generation, start_unless_overdue
 from workers.recorder import Recorded, Recorder
+from workers.served_models import ServedModels
 
 if TYPE_CHECKING:  # workers/runtime.py builds on this module
     from workers.runtime import WorkerRuntime
@@ -90,11 +96,19 @@ def outcome_of(
     )
 
 
+def not_served(request_id: uuid.UUID, attempt: int, refusal: str) -> lifecycle.Finish:
+    """The failure recorded for a request routed to a worker that serves another model."""
+    return lifecycle.Finish(
+        request_id, attempt, succeeded=False, error=refusal, error_code=ModelNotServed.code
+    )
+
+
 def start_prompt(
     payload: TaskPayload,
     worker: str,
     recorder: Recorder,
     engine: Engine,
+    served: ServedModels,
     hold: Hold = NO_HOLD,
     lane: str = "",
 ) -> Future[Ran]:
@@ -107,10 +121,16 @@ def start_prompt(
     engine the claim's DB round trip decides whether the first token comes a step later. A
     claim that loses (another attempt has the request, it was finished or revoked) aborts the
     generation. A request already past its deadline is only claimed, which expires it: nothing
-    of it is generated."""
+    of it is generated. Nor is a request for a model the worker does not serve (`served`): it
+    is claimed and recorded failed (ModelNotServed), so its caller learns the routing is wrong
+    and its reservation comes back as for any failure."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
-    started = start_unless_overdue(engine, payload, lane)
+    refusal = served.refusal(payload["model"])
+    started = None if refusal is not None else start_unless_overdue(engine, payload, lane)
+
+    def record(claim: lifecycle.Claim, outcome: lifecycle.Finish) -> None:
+        _then(recorder.finish(outcome), done, lambda r: done.set_result((claim, outcome, r)))
 
     def on_claim(claim: lifecycle.Claim) -> None:
         if claim.expired or claim.attempt is None:
@@ -119,6 +139,9 @@ def start_prompt(
             done.set_result((claim, None, None))
             return
         attempt = claim.attempt
+        if refusal is not None:
+            record(claim, not_served(request_id, attempt, refusal))
+            return
         # Overdue by this host's clock yet claimed (clocks differ): it runs all the same.
         generation = started or start_generation(engine, payload, lane)
 
@@ -128,10 +151,7 @@ def start_prompt(
                 done.set_exception(handed_back)  # the row stays running for the next attempt
                 return
             try:
-                outcome = outcome_of(request_id, attempt, generated, generation.submitted_at)
-                _then(
-                    recorder.finish(outcome), done, lambda r: done.set_result((claim, outcome, r))
-                )
+                record(claim, outcome_of(request_id, attempt, generated, generation.submitted_at))
             except BaseException as exc:
                 done.set_exception(exc)
 
@@ -152,11 +172,17 @@ def start_prompt(
 
 
 def start_delivered(
-    worker: str, recorder: Recorder, engine: Engine, payload: TaskPayload, lane: str, hold: Hold
+    worker: str,
+    recorder: Recorder,
+    engine: Engine,
+    served: ServedModels,
+    payload: TaskPayload,
+    lane: str,
+    hold: Hold,
 ) -> Future[Ran]:
     """The worker's delivery hook's starter (workers.prestart.Starter): `start_prompt` for a
     request as its message is read from queue `lane`."""
-    return start_prompt(payload, worker, recorder, engine, hold, lane)
+    return start_prompt(payload, worker, recorder, engine, served, hold, lane)
 
 
 def run_prompts(runtime: WorkerRuntime, payloads: list[TaskPayload]) -> None:
@@ -165,16 +191,19 @@ def run_prompts(runtime: WorkerRuntime, payloads: list[TaskPayload]) -> None:
     each outcome is published by the recorder.
 
     Raises Ignore when this delivery did nothing to publish (the requests were already finished,
-    or another attempt took them over) or only expiries (the recorder published those: their
-    deadline passed before the engine got them), and GenerationError when the engine failed a
-    request (so Celery logs and counts a failure; the others' results are published all the same).
+    or another attempt took them over), only expiries (the recorder published those: their
+    deadline passed before the engine got them) or only refusals of a model the worker does
+    not serve (published too, and the worker warned once per model, not an ERROR per request),
+    and GenerationError when the engine failed a request (so Celery logs and counts a failure;
+    the others' results are published all the same).
     """
     recorder, engine, worker = runtime.recorder, runtime.engine, runtime.node
+    served = runtime.served
     holds = runtime.take_holds([payload["request_id"] for payload in payloads])
     try:
         chains = [
             runtime.take_prestart(payload["request_id"])
-            or start_prompt(payload, worker, recorder, engine, hold)
+            or start_prompt(payload, worker, recorder, engine, served, hold)
             for payload, hold in zip(payloads, holds, strict=True)
         ]
         ran = [chain.result() for chain in chains]
@@ -194,6 +223,9 @@ def run_prompts(runtime: WorkerRuntime, payloads: list[TaskPayload]) -> None:
             log.warning(
                 "request %s finished but its result could not be published", claim.request_id
             )
-    failed = [outcome for _, outcome, _ in recorded if not outcome.succeeded]
+    refused = [o for _, o, _ in recorded if o.error_code == ModelNotServed.code]
+    failed = [o for _, o, _ in recorded if not o.succeeded and o.error_code != ModelNotServed.code]
     if failed:
         raise GenerationError("; ".join(f"{o.request_id}: {o.error}" for o in failed))
+    if len(refused) == len(recorded):
+        raise Ignore()

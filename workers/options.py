@@ -12,6 +12,13 @@ from workers.engines import EngineOptions
 _ENGINE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--engine": ("kind", str, "vllm (GPU or CPU build) or simulated"),
     "--model": ("model", str, "model path or name for vLLM; label for the simulated engine"),
+    "--served-model-name": (
+        "served_model_name",
+        str,
+        "the model names (ServedModel.name) this worker serves, comma-separated (default: "
+        "--model, as vLLM's flag); a request for another model fails 503 model_not_served "
+        "and is never generated",
+    ),
     "--max-num-seqs": ("max_num_seqs", int, "sequences the engine runs at once"),
     "--dtype": ("dtype", str, "vLLM dtype (auto, bfloat16, float16, float32)"),
     "--max-model-len": ("max_model_len", int, "vLLM max_model_len (default: the model's)"),

@@ -32,6 +32,7 @@ from workers.prestart import PreStarts
 from workers.queue_order import Dispatcher
 from workers.recorder import Recorder, new_recorder
 from workers.rescue import Rescuer
+from workers.served_models import ServedModels
 from workers.tier_settings import QueueFollower, load_tier_policies
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class WorkerRuntime:
     dispatcher: Dispatcher
     recorder: Recorder
     follower: QueueFollower
+    served: ServedModels
     jobs: list[Job] = field(default_factory=list)
     info: dict[str, str] = field(default_factory=dict)  # engine, model: what /metrics labels
 
@@ -145,17 +147,19 @@ def build_runtime(
     dispatcher: Dispatcher,
     queues: list[str],
     follow_pool: bool,
+    served_names: frozenset[str],
     info: dict[str, str] | None = None,
 ) -> WorkerRuntime:
     """Wire one worker: each delivered request's chain starts at once (claimed as `node`),
-    the engine's admission asks the dispatcher, the dispatcher orders the BRPOPs; with
-    `follow_pool`, the pool's tier queues are consumed as tiers come and go."""
+    unless its model is none of `served_names`; the engine's admission asks the dispatcher,
+    the dispatcher orders the BRPOPs; with `follow_pool`, the pool's tier queues are consumed
+    as tiers come and go."""
     recorder = new_recorder()
-    runtime = WorkerRuntime(
-        node, pool, engine, dispatcher, recorder, QueueFollower(pool if follow_pool else "", queues)
-    )
+    served = ServedModels(served_names, pool, node)
+    follower = QueueFollower(pool if follow_pool else "", queues)
+    runtime = WorkerRuntime(node, pool, engine, dispatcher, recorder, follower, served)
     runtime.info = dict(info or {})
-    dispatcher.prestarts = PreStarts(partial(start_delivered, node, recorder, engine))
+    dispatcher.prestarts = PreStarts(partial(start_delivered, node, recorder, engine, served))
     if isinstance(engine, ContinuousEngine):
         engine.admission = dispatcher.may_start
     dispatcher.plug_in()

@@ -28,6 +28,7 @@ from workers.options import (
     slot_options,
     task_slots,
 )
+from workers.served_models import served_model_names
 
 ENGINE_LOAD_FAILED = 3
 
@@ -124,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     # --queues: exactly those, as told; else the pool's tier queues as tiers come and go.
     info = {"engine": engine_opts.kind, "model": engine_opts.model}
+    served = served_model_names(engine_opts.served_model_name, engine.model_name)
     worker = runtime.build_runtime(
-        node, slot_opts.pool, engine, dispatcher, queues, not given, info
+        node, slot_opts.pool, engine, dispatcher, queues, not given, served, info
     )
     serve_with(worker)
     runtime.attach(worker)

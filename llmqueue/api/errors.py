@@ -8,7 +8,12 @@ from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import JsonResponse, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 
-from contract.failures import ContextLengthExceeded, RequestCancelled, RequestRejected
+from contract.failures import (
+    ContextLengthExceeded,
+    ModelNotServed,
+    RequestCancelled,
+    RequestRejected,
+)
 
 
 class ApiError(Exception):
@@ -105,6 +110,15 @@ class Overloaded(Unavailable):
     code = "queue_full"
 
 
+class Misrouted(Unavailable):
+    """The worker the request was routed to serves another model: an operator's routing mistake
+    (a served model on the wrong pool, a worker's wrong --model), not the caller's. Nothing was
+    generated, so the request may be sent again; no Retry-After, since only the routing's fix
+    (or another worker of the pool) makes it succeed."""
+
+    code = ModelNotServed.code
+
+
 class GenerationFailed(ApiError):
     status = 500
     type = "server_error"
@@ -137,7 +151,7 @@ class RequestExpired(ApiError):
 
 def failure_error(error_type: str, message: str, headers: dict[str, str]) -> ApiError:
     """The API error for a failure a worker published (contract/failures.py), by its type name:
-    the request's fault is a 4xx the caller can fix, the engine's a 500."""
+    the request's fault is a 4xx the caller can fix, the engine's a 500, the routing's a 503."""
     error: ApiError
     if error_type == ContextLengthExceeded.__name__:
         error = PromptTooLarge(message, headers=headers)
@@ -145,6 +159,8 @@ def failure_error(error_type: str, message: str, headers: dict[str, str]) -> Api
         error = Cancelled(message, headers=headers)
     elif error_type == RequestRejected.__name__:
         error = BadRequest(message, code=RequestRejected.code, headers=headers)
+    elif error_type == ModelNotServed.__name__:
+        error = Misrouted(message, headers=headers)
     else:
         error = GenerationFailed(f"Generation failed: {message}", headers=headers)
     error.from_outcome = True
