@@ -355,13 +355,17 @@ def worker_argv(
     node_name: str = "",
     dispatch: str = "",
     token_budget: int = 0,
+    bulk_reserve: int = 0,
 ) -> list[str]:
-    """One simulated-engine GPU worker (`workers.serve`); `dispatch` and `token_budget` default to
-    the worker's own defaults."""
+    """One simulated-engine GPU worker (`workers.serve`); `dispatch`, `token_budget` and
+    `bulk_reserve` default to the worker's own defaults."""
     engine = EngineOptions(
         kind="simulated", model=model, sim_time_scale=time_scale, max_num_seqs=max_num_seqs
     )
-    slot_options = SlotOptions(pool=pool, slots=slots, loglevel=loglevel, token_budget=token_budget)
+    slot_options = SlotOptions(
+        pool=pool, slots=slots, loglevel=loglevel, token_budget=token_budget,
+        bulk_reserve=bulk_reserve,
+    )  # fmt: skip
     if dispatch:
         slot_options = replace(slot_options, dispatch=dispatch)
     return command.worker_argv(engine, slot_options, node=node_name)

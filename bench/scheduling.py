@@ -86,6 +86,7 @@ class Setup:
     slots: int
     token_budget: int
     capacity_requests: int
+    bulk_reserve: int
     interactive_slo_s: float
     interactive_deadline_s: float
     batch_deadline_s: float
@@ -131,6 +132,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="Celery task slots (default max-num-seqs + 1/32: a short engine waiting queue)",
     )
     parser.add_argument("--token-budget", type=int, default=H100_8B_KV_TOKENS)
+    parser.add_argument(
+        "--bulk-reserve",
+        type=int,
+        default=0,
+        help="the worker's --bulk-reserve (0: none, its default; -1: max-num-seqs with ours)",
+    )
     parser.add_argument(
         "--capacity-requests", type=int, default=0, help="burst size (default 6 × max-num-seqs)"
     )
@@ -187,6 +194,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
         slots=options.task_slots(args.slots, args.max_num_seqs),
         token_budget=args.token_budget,
         capacity_requests=capacity,
+        bulk_reserve=args.bulk_reserve,
         interactive_slo_s=args.interactive_slo,
         interactive_deadline_s=args.interactive_deadline,
         batch_deadline_s=args.batch_deadline,
@@ -297,6 +305,7 @@ def running_stack(env: dict[str, str], policy: str, setup: Setup, tag: str) -> I
         slots=setup.slots,
         dispatch=policy,
         token_budget=setup.token_budget,
+        bulk_reserve=setup.bulk_reserve,
     )
     logs = harness.RESULTS  # bench/results/*.log is ignored by git
     server = harness.ApiServer(threads=16)

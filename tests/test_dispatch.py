@@ -31,7 +31,7 @@ from workers.engine_budget import (
     tier_request_cap,
     tier_token_cap,
 )
-from workers.options import bulk_reserve
+from workers.options import SlotOptions, bulk_reserve
 from workers.queue_order import Dispatcher
 
 INTER, BATCH = "default.interactive", "default.batch"
@@ -295,7 +295,8 @@ def test_the_bulk_reserve_is_held_by_capped_tiers_only_and_parks_outside_the_eng
     assert not budget.admits(INTER, 1.0)  # an urgent tier's line stays 5: it has no reserve
 
 
-def test_the_bulk_reserve_defaults_to_one_engine_with_our_dispatch_only():
+def test_the_bulk_reserve_is_one_engine_when_asked_and_only_with_our_dispatch():
+    assert SlotOptions().bulk_reserve == 0  # off by default: see workers.options.bulk_reserve
     assert bulk_reserve(-1, 64, "ours") == 64
     assert bulk_reserve(16, 64, "ours") == 16
     assert bulk_reserve(0, 64, "ours") == 0
