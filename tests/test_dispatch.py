@@ -274,12 +274,15 @@ def test_dispatcher_leaves_a_capped_tier_out_and_wakes_the_loop_when_all_are_out
     assert d.order([INTER, BATCH]) == []  # interactive holds every task slot too
     d.budget.take(["i0"])[0].release()
     assert d._hub.calls == 1  # nothing was being fetched: the loop must look again
+    assert d.order([INTER, BATCH]) == []  # the engine's line holds 7 + batch's 7
+    d.budget.parked = lambda: 7  # batch's 7 wait parked, outside the engine
     assert d.order([INTER, BATCH]) == [INTER]  # batch stays out: the worker holds 14
 
 
 def test_the_bulk_reserve_is_held_by_capped_tiers_only_and_parks_outside_the_engine():
     # 4 sequences, a short line of 5 task slots and a reserve of 4 more: 9 in all.
     d = dispatcher(limits=EngineLimits(4, task_slots=9, token_budget=100_000, reserve=4))
+    d.budget.parked = lambda: max(0, d.budget.usage(BATCH).requests - 3)  # batch runs 3
     d.order([INTER, BATCH])
     for i in range(8):
         assert d.order([INTER, BATCH]) == [INTER, BATCH]
@@ -287,7 +290,13 @@ def test_the_bulk_reserve_is_held_by_capped_tiers_only_and_parks_outside_the_eng
     assert d.order([INTER, BATCH]) == [INTER]  # the last slot is interactive's headroom
     batch = GenerationRequest("b", lane=BATCH, priority=6)
     assert not d.may_start(batch, 3, 3)  # the reserve waits parked, not in the engine
-    d.budget.take([f"b{i}" for i in range(8)])
+    d.budget.hold(INTER, "i0", 10)
+    assert d.order([INTER, BATCH]) == [INTER]
+    d.budget.hold(INTER, "i1", 10)
+    # Batch's 3 running and interactive's 2 fill the short line of 5: the reserve is batch's
+    # parked requests only, never a longer line into the engine for the urgent tier.
+    assert d.order([INTER, BATCH]) == []
+    d.budget.take([f"b{i}" for i in range(8)] + ["i0", "i1"])
     budget = EngineBudget(EngineLimits(4, task_slots=9, token_budget=100_000, reserve=4))
     for i in range(5):
         assert budget.admits(INTER, 1.0)
@@ -296,7 +305,7 @@ def test_the_bulk_reserve_is_held_by_capped_tiers_only_and_parks_outside_the_eng
 
 
 def test_the_bulk_reserve_is_one_engine_when_asked_and_only_with_our_dispatch():
-    assert SlotOptions().bulk_reserve == 0  # off by default: see workers.options.bulk_reserve
+    assert SlotOptions().bulk_reserve == -1  # one engine's worth: see workers.options
     assert bulk_reserve(-1, 64, "ours") == 64
     assert bulk_reserve(16, 64, "ours") == 16
     assert bulk_reserve(0, 64, "ours") == 0

@@ -111,6 +111,10 @@ class ContinuousEngine:
         `parked_only`), their futures failing with HandedBack: the worker is stopping."""
         self._inbox.put(_AbortAll("", parked_only, HandedBack))
 
+    def parked_count(self) -> int:
+        """Requests waiting parked outside the engine (any thread may ask)."""
+        return len(self._parked)
+
     def stats(self) -> dict[str, Any]:
         return {
             "steps": self.steps,

@@ -55,7 +55,7 @@ class SlotOptions:
     events: bool = False
     dispatch: str = "ours"  # a workers.dispatch.DispatchMode
     token_budget: int = 0  # 0 → max_num_seqs × LLMQUEUE_TYPICAL_REQUEST_TOKENS
-    bulk_reserve: int = 0  # -1 → max_num_seqs with --dispatch ours (see bulk_reserve)
+    bulk_reserve: int = -1  # -1 → max_num_seqs with --dispatch ours (see bulk_reserve)
 
 
 def task_slots(requested: int, max_num_seqs: int) -> int:
@@ -78,13 +78,12 @@ def bulk_reserve(requested: int, max_num_seqs: int, dispatch: str) -> int:
     them a backlog of equal-length bulk requests finishes a whole engine at once and the engine
     then runs near-empty while Celery fetches the next engine's worth one message at a time:
     bench/throughput.py counted 715-779 engine steps for 640 of direct work (8 prompts per
-    message), 641 with a reserve of max_num_seqs. Off by default (0) all the same: with
-    interactive traffic above capacity the reserve cost it its first-token target
-    (bench.scheduling --policies ours --loads 1.5, alternating runs: 0.75, 0.71, 0.66 of
-    interactive requests on time with it, 0.85, 0.85, 0.86 without), also when counted only
-    while no urgent request was held. -1 asks for one engine's worth (max_num_seqs). With
-    --dispatch fifo or strict it is always 0: they have no parking, so a reserve would be a
-    longer engine queue."""
+    message), 641 with a reserve of max_num_seqs. The more urgent tiers keep the short line:
+    every tier's requests bound for the engine count against it, parked ones do not
+    (`workers.engine_budget.admits`), so the reserve never lengthens vLLM's own queue.
+    -1 (the default) asks for one engine's worth (max_num_seqs), 0 for none. With --dispatch
+    fifo or strict it is always 0: they have no parking, so a reserve would be a longer engine
+    queue."""
     if dispatch != "ours":
         return 0
     return max_num_seqs if requested < 0 else requested
@@ -138,9 +137,9 @@ def add_slot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bulk-reserve",
         type=int,
-        default=0,
+        default=-1,
         help="task slots beyond --slots that only capped (bulk) tiers fill, parked in the worker "
-        "until the engine has room (default 0; -1: max-num-seqs; --dispatch ours only)",
+        "until the engine has room (default -1: max-num-seqs; 0: none; --dispatch ours only)",
     )
 
 

@@ -162,6 +162,7 @@ def build_runtime(
     dispatcher.prestarts = PreStarts(partial(start_delivered, node, recorder, engine, served))
     if isinstance(engine, ContinuousEngine):
         engine.admission = dispatcher.may_start
+        dispatcher.budget.parked = engine.parked_count
     dispatcher.plug_in()
     broker.set_owner(node)  # the messages this process fetches are recorded as `node`'s
     runtime.jobs = background_jobs(runtime)
