@@ -345,7 +345,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     # What bench.throughput's worker and direct child read.
     args.prompts, args.slots, args.engine_core = args.job_lines, 0, "thread"
-    args.stack_cpu_threads, args.bulk_reserve = 0, -1
+    args.stack_cpu_threads, args.bulk_reserve = 0, 0
     return args
 
 

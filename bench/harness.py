@@ -355,7 +355,7 @@ def worker_argv(
     node_name: str = "",
     dispatch: str = "",
     token_budget: int = 0,
-    bulk_reserve: int = -1,
+    bulk_reserve: int = 0,
 ) -> list[str]:
     """One simulated-engine GPU worker (`workers.serve`); `dispatch`, `token_budget` and
     `bulk_reserve` default to the worker's own defaults."""

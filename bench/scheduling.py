@@ -135,8 +135,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--bulk-reserve",
         type=int,
-        default=-1,
-        help="the worker's --bulk-reserve (-1: max-num-seqs with ours, its default; 0: none)",
+        default=0,
+        help="the worker's --bulk-reserve (0: none, its default; -1: max-num-seqs with ours)",
     )
     parser.add_argument(
         "--capacity-requests", type=int, default=0, help="burst size (default 6 × max-num-seqs)"

@@ -418,8 +418,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--bulk-reserve",
         type=int,
-        default=-1,
-        help="the worker's --bulk-reserve (-1: max-num-seqs, its default; 0: none)",
+        default=0,
+        help="the worker's --bulk-reserve (0: none, its default; -1: max-num-seqs)",
     )
     parser.add_argument(
         "--rounds", type=int, default=5, help="interleaved direct/stack rounds (medians kept)"

@@ -274,8 +274,6 @@ def test_dispatcher_leaves_a_capped_tier_out_and_wakes_the_loop_when_all_are_out
     assert d.order([INTER, BATCH]) == []  # interactive holds every task slot too
     d.budget.take(["i0"])[0].release()
     assert d._hub.calls == 1  # nothing was being fetched: the loop must look again
-    assert d.order([INTER, BATCH]) == []  # the engine's line holds 7 + batch's 7
-    d.budget.parked = lambda: 7  # batch's 7 wait parked, outside the engine
     assert d.order([INTER, BATCH]) == [INTER]  # batch stays out: the worker holds 14
 
 
@@ -305,7 +303,7 @@ def test_the_bulk_reserve_is_held_by_capped_tiers_only_and_parks_outside_the_eng
 
 
 def test_the_bulk_reserve_is_one_engine_when_asked_and_only_with_our_dispatch():
-    assert SlotOptions().bulk_reserve == -1  # one engine's worth: see workers.options
+    assert SlotOptions().bulk_reserve == 0  # off by default: see workers.options.bulk_reserve
     assert bulk_reserve(-1, 64, "ours") == 64
     assert bulk_reserve(16, 64, "ours") == 16
     assert bulk_reserve(0, 64, "ours") == 0

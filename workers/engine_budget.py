@@ -109,12 +109,14 @@ def admits(
         return False
     cap = tier_request_cap(share, limits)
     if share >= 1.0:
-        # The short line holds every tier's requests bound for the engine (parked ones are not):
-        # Celery's prefetch no longer bounds it once the reserve adds task slots, and an urgent
-        # request fetched past it waits in vLLM's queue, out of admission's and the deadline
-        # sweep's sight (bench.scheduling --policies ours --loads 1.5 --quick: 0.67 of
-        # interactive requests on time with the reserve and only the tier's own line; 0.84 and
-        # 0.85 with this one; 0.86 with no reserve).
+        if limits.reserve == 0:  # Celery's prefetch (one message per task slot) is the line
+            return usage.requests < cap
+        # The reserve's task slots lift Celery's prefetch bound, so the short line counts every
+        # tier's requests bound for the engine (parked ones not): an urgent request fetched past
+        # it waits in vLLM's queue, out of admission's and the deadline sweep's sight
+        # (bench.scheduling --policies ours --loads 1.5 --quick: 0.67 of interactive requests
+        # on time with the reserve and only the tier's own line; 0.84 and 0.85 with this one;
+        # 0.86 with no reserve).
         return usage.requests < cap and held.requests - parked < cap
     # Fetched beyond what may run, a capped tier's requests wait in the worker (parked, see
     # `joins_engine`), and still leave the headroom's task slots to the urgent tiers.

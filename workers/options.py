@@ -55,7 +55,7 @@ class SlotOptions:
     events: bool = False
     dispatch: str = "ours"  # a workers.dispatch.DispatchMode
     token_budget: int = 0  # 0 → max_num_seqs × LLMQUEUE_TYPICAL_REQUEST_TOKENS
-    bulk_reserve: int = -1  # -1 → max_num_seqs with --dispatch ours (see bulk_reserve)
+    bulk_reserve: int = 0  # -1 → max_num_seqs with --dispatch ours (see bulk_reserve)
 
 
 def task_slots(requested: int, max_num_seqs: int) -> int:
@@ -78,12 +78,16 @@ def bulk_reserve(requested: int, max_num_seqs: int, dispatch: str) -> int:
     them a backlog of equal-length bulk requests finishes a whole engine at once and the engine
     then runs near-empty while Celery fetches the next engine's worth one message at a time:
     bench/throughput.py counted 715-779 engine steps for 640 of direct work (8 prompts per
-    message), 641 with a reserve of max_num_seqs. The more urgent tiers keep the short line:
-    every tier's requests bound for the engine count against it, parked ones do not
-    (`workers.engine_budget.admits`), so the reserve never lengthens vLLM's own queue.
-    -1 (the default) asks for one engine's worth (max_num_seqs), 0 for none. With --dispatch
-    fifo or strict it is always 0: they have no parking, so a reserve would be a longer engine
-    queue."""
+    message), 641 with a reserve of max_num_seqs, and the ratio to direct vLLM rose from 0.76 to
+    0.90 (8 prompts per message) and from 0.69 to 0.75 (1). The more urgent tiers then keep the
+    short line: every tier's requests bound for the engine count against it, parked ones do not
+    (`workers.engine_budget.admits`), since Celery's prefetch no longer bounds it. Off by
+    default (0) all the same, for pools that also serve an urgent tier: at a bulk wave's end the
+    parked requests take the freed sequences before an urgent request is fetched, and that line
+    counts a bulk chunk's requests where Celery counted its one message (bench.bulk, interactive
+    first-token p99 during a job ÷ idle: 7.4-7.7 with that line, 2.4 without it). -1 asks for
+    one engine's worth (max_num_seqs): for bulk-only pools. With --dispatch fifo or strict it is
+    always 0: they have no parking, so a reserve would be a longer engine queue."""
     if dispatch != "ours":
         return 0
     return max_num_seqs if requested < 0 else requested
@@ -139,7 +143,8 @@ def add_slot_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=-1,
         help="task slots beyond --slots that only capped (bulk) tiers fill, parked in the worker "
-        "until the engine has room (default -1: max-num-seqs; 0: none; --dispatch ours only)",
+        "until the engine has room (default 0; -1: max-num-seqs, for bulk-only pools; "
+        "--dispatch ours only)",
     )
 
 
