@@ -41,6 +41,14 @@ class ModelNotServed(GenerationError):
     code = "model_not_served"
 
 
+class PoisonRequest(GenerationError):
+    """Every worker that ran the request died holding it (LLMQUEUE_MAX_WORKER_LOSSES of them):
+    it is failed rather than redelivered to kill the next one. The engine's fault, or the
+    request's, but not one a retry of the same request would escape: 500."""
+
+    code = "worker_lost_repeatedly"
+
+
 FAILURES: dict[str, type[GenerationError]] = {
     cls.code: cls
     for cls in (
@@ -49,5 +57,6 @@ FAILURES: dict[str, type[GenerationError]] = {
         ContextLengthExceeded,
         RequestCancelled,
         ModelNotServed,
+        PoisonRequest,
     )
 }

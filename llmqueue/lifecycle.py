@@ -20,6 +20,7 @@ from llmqueue.timings import NO_TIMING, Timing, epoch, timing_of
 
 S = PromptRequest.Status
 EXPIRED_ERROR = "deadline passed before an engine took it"
+POISON_ERROR = "every worker that ran it died holding it ({losses} workers lost): not run again"
 CANCELLED_ERROR = "cancelled by the caller"
 _TABLE = PromptRequest._meta.db_table
 
@@ -192,6 +193,28 @@ def _cancelled(request_id: uuid.UUID, books: _Books) -> Ended:
     )  # fmt: skip
 
 
+def _poisoned(request_id: uuid.UUID, books: _Books) -> Ended:
+    return Ended(
+        request_id, books.tenant_id, books.tier_id, books.queue, "failed", books.reserved_tokens,
+        timing=books.timing,
+    )  # fmt: skip
+
+
+def hand_back(attempts: Sequence[tuple[uuid.UUID, int]]) -> int:
+    """Put requests a stopping worker hands back (request, its attempt) back to queued: their
+    messages are back on their queues, and the next claim takes them over as no lost worker.
+    Only rows still running under that attempt change; returns how many did."""
+    if not attempts:
+        return 0
+    match = " OR ".join(["(id = %s AND attempts = %s)"] * len(attempts))
+    params: list[object] = [S.QUEUED, S.RUNNING]
+    for request_id, attempt in attempts:
+        params += [*_db_ids([request_id]), attempt]
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {_TABLE} SET status = %s WHERE status = %s AND ({match})", params)
+        return int(cursor.rowcount)
+
+
 def expire_overdue(now: datetime, limit: int = 500) -> dict[uuid.UUID, Ended]:
     """Mark queued requests whose deadline passed expired, at most `limit` of them (the oldest
     deadlines first); returns the ones this call expired. Their messages may still be deep in a
@@ -206,27 +229,53 @@ def expire_overdue(now: datetime, limit: int = 500) -> dict[uuid.UUID, Ended]:
     return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
 
 
-def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUID, Claim]:
+def claim(
+    ids: Sequence[uuid.UUID], worker: str, now: datetime, max_losses: int = 0
+) -> dict[uuid.UUID, Claim]:
     """Claim requests for `worker`. A queued request is claimed; a running one too, since its
     message was redelivered (its worker died, or the visibility timeout passed): the new attempt
-    takes over and the old one can no longer finish it. Overdue requests are expired instead.
+    takes over and the old one can no longer finish it, and its worker counts as lost (a
+    deploy's hand-back first puts the row back to queued: no loss). Overdue requests are expired
+    instead, and one whose `max_losses`-th lost worker this is (0: no limit) is failed: a poison
+    request, not run again.
 
-    One statement does both: every SET expression sees the row as it was, so each request is
-    either expired or claimed by its own deadline, and one round trip is on every request's path.
+    One statement does it all: every SET expression sees the row as it was, so each request is
+    expired, failed or claimed by its own deadline and losses, and one round trip is on every
+    request's path.
     """
     if not ids:
         return {}
-    overdue = "CASE WHEN deadline_at <= %s THEN {expired} ELSE {running} END"
-    sets = {
-        "status": overdue.format(expired="%s", running="%s"),
-        "attempts": overdue.format(expired="attempts", running="attempts + 1"),
-        "worker": overdue.format(expired="worker", running="%s"),
-        "started_at": overdue.format(expired="started_at", running="%s"),
-        "finished_at": overdue.format(expired="%s", running="finished_at"),
-        "error": overdue.format(expired="%s", running="error"),
+    lost = "status = %s"
+    poison, poison_values = (
+        (f"{lost} AND worker_losses + 1 >= %s", [S.RUNNING, max_losses])
+        if max_losses > 0
+        else ("1 = 0", [])
+    )
+    poison_error = POISON_ERROR.format(losses=max_losses)
+
+    def case(
+        expired: str, failed: str, running: str, values: tuple[list[object], ...] = ([], [], [])
+    ) -> tuple[str, list[object]]:
+        """One column's CASE: expired by the deadline, failed as poison, else claimed; its
+        parameters in the order the placeholders appear."""
+        sql = f"CASE WHEN deadline_at <= %s THEN {expired} WHEN {poison} THEN {failed} "
+        sql += f"ELSE {running} END"
+        return sql, [now, *values[0], *poison_values, *values[1], *values[2]]
+
+    columns: dict[str, tuple[str, list[object]]] = {
+        "status": case("%s", "%s", "%s", ([S.EXPIRED], [S.FAILED], [S.RUNNING])),
+        "attempts": case("attempts", "attempts", "attempts + 1"),
+        "worker": case("worker", "worker", "%s", ([], [], [worker])),
+        "started_at": case("started_at", "started_at", "%s", ([], [], [now])),
+        "finished_at": case("%s", "%s", "finished_at", ([now], [now], [])),
+        "error": case("%s", "%s", "error", ([EXPIRED_ERROR], [poison_error], [])),
+        "worker_losses": (
+            f"CASE WHEN {lost} THEN worker_losses + 1 ELSE worker_losses END",
+            [S.RUNNING],
+        ),
     }
-    params: list[object] = [now, S.EXPIRED, S.RUNNING, now, now, worker, now, now]
-    params += [now, now, now, EXPIRED_ERROR]
+    params: list[object] = [p for _, values in columns.values() for p in values]
+    sets = {column: sql for column, (sql, _) in columns.items()}
     sql = (
         f"UPDATE {_TABLE} SET {', '.join(f'{c} = {e}' for c, e in sets.items())} "
         f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s) "
@@ -245,8 +294,8 @@ def claim(ids: Sequence[uuid.UUID], worker: str, now: datetime) -> dict[uuid.UUI
             claims[i] = Claim(i, None)
             continue
         status, deadline, books = rows[i]
-        if status == S.EXPIRED:
-            ended = _expired(i, books)
+        if status in (S.EXPIRED, S.FAILED):
+            ended = _expired(i, books) if status == S.EXPIRED else _poisoned(i, books)
             claims[i] = Claim(i, None, True, books.tenant_id, books.queue, ended, books.tier_id)
             continue
         slack = None

@@ -187,6 +187,11 @@ class PromptRequest(models.Model):
         max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True
     )
     attempts = models.PositiveSmallIntegerField(default=0, help_text="Claims by workers.")
+    worker_losses = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="Claims that took the request over from a worker that never finished nor "
+        "handed it back (it died): LLMQUEUE_MAX_WORKER_LOSSES of them fail the request.",
+    )
     worker = models.CharField(max_length=200, blank=True)
     enqueued_at = models.DateTimeField(db_index=True)
     deadline_at = models.DateTimeField()

@@ -210,6 +210,18 @@ those in the engine finish for this long, then hands them back too and exits: un
 container runtime waits before SIGKILL, so no stop waits on a long generation."""
 LLMQUEUE_WORKER_STALE_SECONDS = env.float("LLMQUEUE_WORKER_STALE_SECONDS", default=10.0)
 """Seconds without a beat after which a worker no longer counts as serving its pool."""
+LLMQUEUE_ENGINE_STALL_SECONDS = env.float("LLMQUEUE_ENGINE_STALL_SECONDS", default=120.0)
+"""Seconds a worker's engine may go without ending a step while requests are in it before the
+worker hands every message it holds back to its queue and exits with status 4
+(workers/watchdog.py). A GPU step takes milliseconds and a CPU step of the tiny test model tens
+of them; two minutes is far past any step, prefill of a whole context included, and still well
+under a caller's patience and the hour of the visibility timeout."""
+LLMQUEUE_MAX_WORKER_LOSSES = env.int("LLMQUEUE_MAX_WORKER_LOSSES", default=3)
+"""Workers a request may lose (each died holding it: a crash, an OOM kill, a lost host) before
+it fails with `worker_lost_repeatedly` (500) instead of being redelivered again: a poison request
+that kills every worker it reaches would otherwise take the pool down one worker after another,
+forever. A deploy's hand-back (SIGTERM) is no loss. Three: one lost worker is an accident, two
+in a row a coincidence on a crashing host; the third is the request."""
 LLMQUEUE_BYTES_PER_TOKEN = env.float("LLMQUEUE_BYTES_PER_TOKEN", default=4.0)
 """UTF-8 bytes per token assumed when the API estimates prompt length before tokenization."""
 LLMQUEUE_DRAIN_HALF_LIFE_SECONDS = env.float("LLMQUEUE_DRAIN_HALF_LIFE_SECONDS", default=10.0)

@@ -78,6 +78,7 @@ def test_a_killed_workers_requests_restart_elsewhere_within_the_stale_window(
     for row in PromptRequest.objects.filter(id__in=ids):
         assert (row.worker, row.status) == (survivor.node, S.SUCCEEDED)
         assert row.attempts == (2 if row.id in held else 1)
+        assert row.worker_losses == (1 if row.id in held else 0)  # the killed worker, once
         assert published[f"{row.id}:SUCCESS"] == 1
     assert published_for(published, ids) == 12  # nothing published twice, nothing failed
     assert not clean_redis.exists(held_key(doomed.node))
@@ -128,6 +129,7 @@ def test_a_worker_stopped_for_a_deploy_hands_its_requests_over_at_once(
     assert {r.status for r in rows} == {S.SUCCEEDED}
     for row in rows:  # all ran to the end on the successor, the handed-back ones as attempt 2
         assert (row.worker, row.attempts) == (successor.node, 2 if row.id in held else 1)
+        assert row.worker_losses == 0  # handed back as queued: a deploy loses no worker
         assert row.completion_tokens == 500
         assert published[f"{row.id}:SUCCESS"] == 1
     assert published_for(published, ids) == 12  # nothing recorded for the handed-back attempts
@@ -146,4 +148,24 @@ def test_a_deploy_lets_short_generations_finish_on_the_leaving_worker(
     settle(clean_redis, 4, 30, stop, listener)
     rows = list(PromptRequest.objects.filter(id__in=ids))
     assert [(r.worker, r.attempts, r.status) for r in rows] == [(leaving.node, 1, S.SUCCEEDED)] * 4
+    assert published_for(published, ids) == 4
+
+
+def test_a_worker_restarted_under_the_same_name_requeues_what_its_predecessor_held(
+    seeded: Seeded, start_worker: WorkerFactory, clean_redis: redis.Redis
+):
+    # A supervisor restarts a killed worker at once under its default name (pool@host): the
+    # name beats again before it is ever stale, so no other worker rescues the dead process's
+    # messages, and the new one's keep_visible would keep them unacked for good.
+    published, stop, listener = listen(clean_redis)
+    node = f"default@restarted-{uuid.uuid4().hex[:6]}"
+    first = start_worker("default", *SLOW_WORKER[:-1], "10", node=node, env=PRODUCTION)
+    ids = submit(seeded.key, 4, MAX_TOKENS)
+    wait_until(lambda: PromptRequest.objects.filter(status=S.RUNNING).count() == 4, 30, "4 held")
+    assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    restarted = start_worker("default", *SLOW_WORKER, node=node, env=PRODUCTION)
+    settle(clean_redis, 4, 30, stop, listener)
+    for row in PromptRequest.objects.filter(id__in=ids):
+        assert (row.worker, row.attempts, row.worker_losses) == (restarted.node, 2, 1)
+        assert published[f"{row.id}:SUCCESS"] == 1
     assert published_for(published, ids) == 4

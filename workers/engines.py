@@ -25,6 +25,8 @@ class EngineOptions:
     seed: int = 0
     sim_time_scale: float = 1.0
     sim_max_num_batched_tokens: int = 8192
+    sim_crash_on: str = ""
+    sim_hang_on: str = ""
     cpu_threads: int = 0
 
 
@@ -38,6 +40,8 @@ def build_engine(options: EngineOptions) -> Engine:
                 max_num_seqs=options.max_num_seqs,
                 max_num_batched_tokens=options.sim_max_num_batched_tokens,
                 step_time=StepTimeModel(time_scale=options.sim_time_scale),
+                crash_on=options.sim_crash_on,
+                hang_on=options.sim_hang_on,
             )
         )
     if options.kind == "vllm":

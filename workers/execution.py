@@ -111,6 +111,7 @@ def start_prompt(
     served: ServedModels,
     hold: Hold = NO_HOLD,
     lane: str = "",
+    redelivered: bool = False,
 ) -> Future[Ran]:
     """Claim → generate → record and publish, without blocking; the future holds the claim and,
     if it ran, the outcome and what became of it. `hold` (the request's place in the engine
@@ -123,11 +124,16 @@ def start_prompt(
     generation. A request already past its deadline is only claimed, which expires it: nothing
     of it is generated. Nor is a request for a model the worker does not serve (`served`): it
     is claimed and recorded failed (ModelNotServed), so its caller learns the routing is wrong
-    and its reservation comes back as for any failure."""
+    and its reservation comes back as for any failure. A `redelivered` request reaches the
+    engine only once claimed: its claim fails it if it is poison (it killed
+    LLMQUEUE_MAX_WORKER_LOSSES workers), before it can kill this one."""
     request_id = uuid.UUID(payload["request_id"])
     done: Future[Ran] = Future()
     refusal = served.refusal(payload["model"])
-    started = None if refusal is not None else start_unless_overdue(engine, payload, lane)
+    # A redelivered request may be the one that killed the worker before: it waits for its
+    # claim, which fails it instead once it killed LLMQUEUE_MAX_WORKER_LOSSES of them.
+    early = refusal is None and not redelivered
+    started = start_unless_overdue(engine, payload, lane) if early else None
 
     def record(claim: lifecycle.Claim, outcome: lifecycle.Finish) -> None:
         _then(recorder.finish(outcome), done, lambda r: done.set_result((claim, outcome, r)))
@@ -147,8 +153,11 @@ def start_prompt(
 
         def on_generated(generated: Future[GenerationResult]) -> None:
             handed_back = generated.exception()
-            if isinstance(handed_back, HandedBack):  # the worker is stopping: nothing recorded,
-                done.set_exception(handed_back)  # the row stays running for the next attempt
+            if isinstance(handed_back, HandedBack):
+                # The worker is stopping: no outcome is recorded, the row goes back to queued
+                # (no lost worker for the next claim to count) before the message is requeued.
+                returned = recorder.hand_back(request_id, attempt)
+                returned.add_done_callback(lambda _: done.set_exception(handed_back))
                 return
             try:
                 record(claim, outcome_of(request_id, attempt, generated, generation.submitted_at))
@@ -179,10 +188,12 @@ def start_delivered(
     payload: TaskPayload,
     lane: str,
     hold: Hold,
+    redelivered: bool,
 ) -> Future[Ran]:
     """The worker's delivery hook's starter (workers.prestart.Starter): `start_prompt` for a
-    request as its message is read from queue `lane`."""
-    return start_prompt(payload, worker, recorder, engine, served, hold, lane)
+    request as its message is read from queue `lane` (`redelivered`: restored by kombu or a
+    rescue, so its previous worker may have died of it)."""
+    return start_prompt(payload, worker, recorder, engine, served, hold, lane, redelivered)
 
 
 def run_prompts(runtime: WorkerRuntime, payloads: list[TaskPayload]) -> None:

@@ -44,6 +44,18 @@ _ENGINE_FLAGS: dict[str, tuple[str, type, str]] = {
         int,
         "simulated engine: token budget per step",
     ),
+    "--sim-crash-on": (
+        "sim_crash_on",
+        str,
+        "simulated engine, a fault for tests: the worker process is SIGKILLed a second into "
+        "generating a request whose prompt holds this text (a poison request)",
+    ),
+    "--sim-hang-on": (
+        "sim_hang_on",
+        str,
+        "simulated engine, a fault for tests: the engine stops stepping for good once a request "
+        "whose prompt holds this text is in it (a hung engine)",
+    ),
 }
 
 

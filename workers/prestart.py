@@ -27,7 +27,7 @@ from workers.engine_budget import Hold
 T = TypeVar("T")
 # Start one delivered request's chain: (payload, the queue it came from, its budget hold, which
 # the chain releases when it ends) -> the chain's end.
-Starter = Callable[[TaskPayload, str, Hold], "Future[T]"]
+Starter = Callable[[TaskPayload, str, Hold, bool], "Future[T]"]  # ..., redelivered
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,8 @@ class PreStarts(Generic[T]):
         self._lock = threading.Lock()
         self._started: dict[str, list[Future[T]]] = {}
 
-    def start(self, payload: TaskPayload, lane: str, hold: Hold) -> None:
-        chain = self._starter(payload, lane, hold)
+    def start(self, payload: TaskPayload, lane: str, hold: Hold, redelivered: bool = False) -> None:
+        chain = self._starter(payload, lane, hold, redelivered)
         with self._lock:
             self._started.setdefault(payload["request_id"], []).append(chain)
 

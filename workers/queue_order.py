@@ -71,6 +71,7 @@ class Dispatcher:
         # once the engine is up; without it a request waits for its task.
         self.prestarts: PreStarts[Any] | None = None
         self.fetched: dict[str, int] = {}  # messages delivered per queue
+        self._stopped = False
 
     def set_tiers(self, tiers: Iterable[TierPolicy]) -> None:
         """Replace the tier settings (a whole new mapping: readers never see a half update)."""
@@ -85,8 +86,15 @@ class Dispatcher:
     def tier(self, queue: str) -> TierPolicy:
         return self._tiers.get(Lane.of_queue(queue).tier, UNKNOWN_TIER)
 
+    def stop_fetching(self) -> None:
+        """Fetch nothing more, whatever the budget (the engine watchdog found the engine hung);
+        a BRPOP already in flight still delivers its message."""
+        self._stopped = True
+
     def allowed(self, queues: Sequence[str]) -> list[str]:
         """The queues whose tier is under its engine budget."""
+        if self._stopped:
+            return []
         if not self.enforces_budget:
             return list(queues)
         if not self._queues:
@@ -151,11 +159,12 @@ class Dispatcher:
         if message.get("headers", {}).get("task") != GENERATE_TASK:
             return
         prestarts = self.prestarts
+        redelivered = bool(message.get("headers", {}).get("redelivered"))
         for payload in message_payloads(message):
             tokens = estimated_tokens(payload, self.bytes_per_token)
             hold = self.budget.hold(queue, payload["request_id"], tokens, prestarts is None)
             if prestarts is not None:
-                prestarts.start(payload, queue, hold)
+                prestarts.start(payload, queue, hold, redelivered)
 
     def plug_in(self) -> None:
         """Order this process's BRPOPs and see every delivered message (before the Celery worker

@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from contract.failures import FAILURES, GenerationError
+from contract.failures import FAILURES, GenerationError, PoisonRequest
 from llmqueue import accounting, lifecycle, lifecycle_events, lua, usage
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,15 @@ def _revoked(request_id: uuid.UUID) -> tuple[str, Any, str]:
     return str(request_id), TaskRevokedError(EXPIRED_REASON), states.REVOKED
 
 
+def _ended_at_claim(ended: lifecycle.Ended) -> tuple[str, Any, str]:
+    """The result of a request its claim ended: expired, or failed for the workers it killed."""
+    if ended.outcome == "failed":
+        losses = settings.LLMQUEUE_MAX_WORKER_LOSSES
+        error = PoisonRequest(lifecycle.POISON_ERROR.format(losses=losses))
+        return str(ended.request_id), error, states.FAILURE
+    return _revoked(ended.request_id)
+
+
 def result_of(outcome: lifecycle.Finish, queue_seconds: float | None = None) -> tuple[Any, str]:
     """The value and state the result backend stores for an outcome; `queue_seconds` (admission
     to claim) goes to the caller as X-LLMQueue-Queue-Seconds."""
@@ -148,6 +157,11 @@ class Recorder:
         """Record `outcome` if its attempt still holds the claim, then publish it."""
         return self._submit("finish", outcome)
 
+    def hand_back(self, request_id: uuid.UUID, attempt: int) -> Future[int]:
+        """Put a request the stopping worker hands back to queued (lifecycle.hand_back), so
+        the next claim does not count this worker as lost; the future holds 1 if it did."""
+        return self._submit("hand_back", (request_id, attempt))
+
     def expire(self, request_id: uuid.UUID) -> Future[Recorded]:
         """Mark an unfinished request expired (Celery dropped its message), then publish that."""
         return self._submit("expire", request_id)
@@ -182,6 +196,7 @@ class Recorder:
                     break
             for op, handler in (
                 ("claim", self._claims),
+                ("hand_back", self._hand_backs),
                 ("expire", self._expiries),
                 ("finish", self._finishes),
                 ("sweep", self._sweeps),
@@ -251,7 +266,8 @@ class Recorder:
         claimed_by: dict[str, list[uuid.UUID]] = {}
         for worker, jobs in by_worker.items():
             claimed_by[worker] = ids = list(dict.fromkeys(j[1][0] for j in jobs))
-            claims.update(lifecycle.claim(ids, worker, timezone.now()))
+            max_losses = settings.LLMQUEUE_MAX_WORKER_LOSSES
+            claims.update(lifecycle.claim(ids, worker, timezone.now(), max_losses))
         seen: set[uuid.UUID] = set()
         for _, (request_id, _), future in batch:
             # The same id twice in one batch: a duplicate delivery; only one may run it.
@@ -264,9 +280,14 @@ class Recorder:
             lifecycle_events.log_claims([claims[i] for i in ids], worker)
         # After the claimed requests went on to the engine (the futures' callbacks ran): the
         # expiries the claim made instead (REVOKED, their books), and what the claims drained.
-        expired = [c.ended for c in claims.values() if c.ended is not None]
-        revoked = [_revoked(e.request_id) for e in expired]
-        self._defer(Books(revoked, expired, list(claims.values())))
+        ended = [c.ended for c in claims.values() if c.ended is not None]
+        results = [_ended_at_claim(e) for e in ended]
+        self._defer(Books(results, ended, list(claims.values())))
+
+    def _hand_backs(self, batch: list[_Job]) -> None:
+        lifecycle.hand_back([job[1] for job in batch])
+        for job in batch:  # one UPDATE for all: each job learns only that it committed
+            job[2].set_result(1)
 
     def _expiries(self, batch: list[_Job]) -> None:
         expired = lifecycle.expire([j[1] for j in batch], timezone.now())

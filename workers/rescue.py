@@ -33,6 +33,14 @@ class Rescuer:
             self._connection = self.app.connection_for_write()
         return self._connection.default_channel.qos
 
+    def requeue_held(self) -> int:
+        """Put every message held under this worker's node name back at the head of its queue;
+        returns how many. Before consuming: what a predecessor of the same name (pool@host, a
+        supervisor's restart) held when it died, which no one else rescues, since the name
+        beats again, and which this worker's keep_visible would otherwise keep unacked; and
+        the engine watchdog's hand-back (workers/watchdog.py)."""
+        return rescue.rescue(self.client, self.node, self._qos())
+
     def __call__(self) -> None:
         qos = self._qos()
         rescue.keep_visible(self.client, self.node, qos)

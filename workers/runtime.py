@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from workers.recorder import Recorder, new_recorder
 from workers.rescue import Rescuer
 from workers.served_models import ServedModels
 from workers.tier_settings import QueueFollower, load_tier_policies
+from workers.watchdog import StepWatch, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -169,14 +171,29 @@ def build_runtime(
     return runtime
 
 
+def requeue_predecessors_messages(node: str) -> int:
+    """Before this worker consumes: the messages a process of the same node name held when it
+    died go back to their queues (workers/rescue.py, Rescuer.requeue_held)."""
+    from llmqueue.redis_client import get_redis
+    from project.celery import app as celery_app
+
+    stale = settings.LLMQUEUE_WORKER_STALE_SECONDS
+    restored = Rescuer(get_redis(), node, stale, celery_app).requeue_held()
+    if restored:
+        log.warning("%d messages held by an earlier %s requeued", restored, node)
+    return restored
+
+
 def background_jobs(runtime: WorkerRuntime) -> list[Job]:
     """The heartbeat (with the worker's counters, workers/cost.py), the tier refresh, the
-    queues' depth history, and, for `ours`, the sweep of overdue queued requests."""
+    rescue of dead workers' messages, the queues' depth history, the engine watchdog, and, for
+    `ours`, the sweep of overdue queued requests."""
     from llmqueue.redis_client import get_redis
     from project.celery import app as celery_app
 
     cost.count_db_statements()
     engine = runtime.engine
+    rescuer = Rescuer(get_redis(), runtime.node, settings.LLMQUEUE_WORKER_STALE_SECONDS, celery_app)
     jobs: list[Job] = [
         Heartbeat(
             get_redis(),
@@ -186,17 +203,23 @@ def background_jobs(runtime: WorkerRuntime) -> list[Job]:
             stats=runtime.stats,
         ),
         Periodic("tier-settings", settings.LLMQUEUE_TIER_REFRESH_SECONDS, runtime.refresh_tiers),
-        Periodic(
-            "rescue",
-            settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS,
-            Rescuer(get_redis(), runtime.node, settings.LLMQUEUE_WORKER_STALE_SECONDS, celery_app),
-        ),
+        Periodic("rescue", settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS, rescuer),
     ]
     if settings.LLMQUEUE_METRICS:
         sampler = depth_history.depth_sampler(get_redis(), lambda: runtime.follower.queues)
         jobs.append(Periodic("depth-history", depth_history.SAMPLE_SECONDS, sampler))
     if isinstance(engine, ContinuousEngine):
         jobs.append(CancelListener(get_redis(), engine.abort_request))
+        watchdog = Watchdog(
+            StepWatch(settings.LLMQUEUE_ENGINE_STALL_SECONDS),
+            engine.stats,
+            runtime.dispatcher.stop_fetching,
+            rescuer.requeue_held,
+            time.monotonic,
+        )
+        jobs.append(
+            Periodic("engine-watchdog", settings.LLMQUEUE_WORKER_HEARTBEAT_SECONDS, watchdog)
+        )
     if runtime.dispatcher.mode is DispatchMode.OURS:
         recorder = runtime.recorder
         # Waits for each sweep, so a slow one delays the next instead of piling up behind it.

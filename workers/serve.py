@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = runtime.build_runtime(
         node, slot_opts.pool, engine, dispatcher, queues, not given, served, info
     )
+    runtime.requeue_predecessors_messages(node)
     serve_with(worker)
     runtime.attach(worker)
     warn_fifo_over_queues(mode, queues)

@@ -10,12 +10,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
 from workers.batching import ContinuousEngine
 from workers.engine import GenerationRequest, GenerationResult
 
+_CRASH_AFTER_SECONDS = 1.0
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 
 
@@ -48,6 +52,12 @@ class SimulatedConfig:
     max_num_batched_tokens: int = 8192
     bytes_per_token: float = 4.0
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    # A fault for tests: a request whose prompt holds this text kills the process a second into
+    # its generation (its claim recorded by then, as in a real crash mid-generation).
+    crash_on: str = ""
+    # Another: the engine's step never returns once a request holding this text is running
+    # (a hung GPU step); the worker's watchdog must notice.
+    hang_on: str = ""
 
 
 @dataclass
@@ -57,6 +67,7 @@ class _Sequence:
     prefilled: int = 0
     generated: int = 0
     first_token_step: int = 0
+    added_at: float = field(default_factory=time.monotonic)
 
 
 def count_prompt_tokens(request: GenerationRequest, bytes_per_token: float) -> int:
@@ -66,6 +77,12 @@ def count_prompt_tokens(request: GenerationRequest, bytes_per_token: float) -> i
             for m in request.messages
         )
     return max(1, math.ceil(len(request.prompt.encode()) / bytes_per_token))
+
+
+def _text(seq: _Sequence) -> str:
+    """A sequence's prompt text, messages included (what the test faults look for)."""
+    messages = seq.request.messages or ()
+    return seq.request.prompt + "".join(str(m.get("content", "")) for m in messages)
 
 
 class SimulatedEngine(ContinuousEngine):
@@ -126,6 +143,10 @@ class SimulatedEngine(ContinuousEngine):
         if seconds > 0:
             time.sleep(seconds)
             self.busy_seconds += seconds
+        if self.config.crash_on:
+            self._crash_if_poisoned()
+        if self.config.hang_on and any(self.config.hang_on in _text(s) for s in self._running):
+            threading.Event().wait()
         finished, still = [], []
         for seq in self._running:
             if seq.prefilled < seq.prompt_tokens:  # still prefilling: no token yet
@@ -140,6 +161,12 @@ class SimulatedEngine(ContinuousEngine):
                 still.append(seq)
         self._running = still
         return finished
+
+    def _crash_if_poisoned(self) -> None:
+        now = time.monotonic()
+        for seq in self._running:
+            if self.config.crash_on in _text(seq) and now - seq.added_at >= _CRASH_AFTER_SECONDS:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def _result(self, seq: _Sequence, step: int) -> GenerationResult:
         words = (_WORDS[i % len(_WORDS)] for i in range(seq.generated))

@@ -11,6 +11,7 @@ from django.http.multipartparser import MultiPartParserError
 from contract.failures import (
     ContextLengthExceeded,
     ModelNotServed,
+    PoisonRequest,
     RequestCancelled,
     RequestRejected,
 )
@@ -125,6 +126,13 @@ class GenerationFailed(ApiError):
     code = "generation_failed"
 
 
+class WorkerLostRepeatedly(GenerationFailed):
+    """Every worker that ran the request died holding it (LLMQUEUE_MAX_WORKER_LOSSES): it was
+    failed rather than sent to the next worker to kill."""
+
+    code = PoisonRequest.code
+
+
 class WaitTimeout(ApiError):
     """The blocking wait ran out; the request stays queued and can be polled."""
 
@@ -161,6 +169,8 @@ def failure_error(error_type: str, message: str, headers: dict[str, str]) -> Api
         error = BadRequest(message, code=RequestRejected.code, headers=headers)
     elif error_type == ModelNotServed.__name__:
         error = Misrouted(message, headers=headers)
+    elif error_type == PoisonRequest.__name__:
+        error = WorkerLostRepeatedly(message, headers=headers)
     else:
         error = GenerationFailed(f"Generation failed: {message}", headers=headers)
     error.from_outcome = True
