@@ -153,7 +153,7 @@ def add_slot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bulk-reserve",
         type=int,
-        default=-1,
+        default=0,
         help="task slots beyond --slots that only capped (bulk) tiers fill, parked in the worker "
         "until the engine has room (default 0; -1: max-num-seqs, for bulk-only pools; "
         "--dispatch ours only)",
