@@ -136,9 +136,11 @@ def _update_returning_books(sql: str, params: list[object]) -> dict[uuid.UUID, _
         return dict(_books(row) for row in cursor.fetchall())
 
 
-def _expired(request_id: uuid.UUID, books: _Books) -> Ended:
+def _ended(request_id: uuid.UUID, books: _Books, outcome: str) -> Ended:
+    """A request a transition ended without running it to an outcome of its own (expired,
+    cancelled, failed as poison); it still counted as waiting if no worker had claimed it."""
     return Ended(
-        request_id, books.tenant_id, books.tier_id, books.queue, "expired",
+        request_id, books.tenant_id, books.tier_id, books.queue, outcome,
         books.reserved_tokens, was_waiting=books.attempts == 0, timing=books.timing,
     )  # fmt: skip
 
@@ -159,7 +161,8 @@ def expire(
     if overdue_only:
         sql += " AND deadline_at <= %s"
         params.append(now)
-    return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
+    ended = _update_returning_books(sql, params)
+    return {i: _ended(i, books, "expired") for i, books in ended.items()}
 
 
 def cancel(ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Ended]:
@@ -173,7 +176,8 @@ def cancel(ids: Sequence[uuid.UUID], now: datetime) -> dict[uuid.UUID, Ended]:
         f"WHERE id IN ({_placeholders(len(ids))}) AND status IN (%s, %s)"
     )
     params: list[object] = [S.CANCELLED, now, CANCELLED_ERROR, *_db_ids(ids), S.QUEUED, S.RUNNING]
-    return {i: _cancelled(i, books) for i, books in _update_returning_books(sql, params).items()}
+    ended = _update_returning_books(sql, params)
+    return {i: _ended(i, books, "cancelled") for i, books in ended.items()}
 
 
 def cancel_held(ids: Sequence[uuid.UUID], now: datetime) -> int:
@@ -186,20 +190,6 @@ def cancel_held(ids: Sequence[uuid.UUID], now: datetime) -> int:
     )
 
 
-def _cancelled(request_id: uuid.UUID, books: _Books) -> Ended:
-    return Ended(
-        request_id, books.tenant_id, books.tier_id, books.queue, "cancelled",
-        books.reserved_tokens, was_waiting=books.attempts == 0, timing=books.timing,
-    )  # fmt: skip
-
-
-def _poisoned(request_id: uuid.UUID, books: _Books) -> Ended:
-    return Ended(
-        request_id, books.tenant_id, books.tier_id, books.queue, "failed", books.reserved_tokens,
-        timing=books.timing,
-    )  # fmt: skip
-
-
 def hand_back(attempts: Sequence[tuple[uuid.UUID, int]]) -> int:
     """Put requests a stopping worker hands back (request, its attempt) back to queued: their
     messages are back on their queues, and the next claim takes them over as no lost worker.
@@ -208,8 +198,9 @@ def hand_back(attempts: Sequence[tuple[uuid.UUID, int]]) -> int:
         return 0
     match = " OR ".join(["(id = %s AND attempts = %s)"] * len(attempts))
     params: list[object] = [S.QUEUED, S.RUNNING]
-    for request_id, attempt in attempts:
-        params += [*_db_ids([request_id]), attempt]
+    ids = _db_ids([request_id for request_id, _ in attempts])
+    for db_id, (_, attempt) in zip(ids, attempts, strict=True):
+        params += [db_id, attempt]
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {_TABLE} SET status = %s WHERE status = %s AND ({match})", params)
         return int(cursor.rowcount)
@@ -226,7 +217,8 @@ def expire_overdue(now: datetime, limit: int = 500) -> dict[uuid.UUID, Ended]:
         f"ORDER BY deadline_at LIMIT %s) AND status = %s"
     )
     params: list[object] = [S.EXPIRED, now, EXPIRED_ERROR, S.QUEUED, now, limit, S.QUEUED]
-    return {i: _expired(i, books) for i, books in _update_returning_books(sql, params).items()}
+    ended = _update_returning_books(sql, params)
+    return {i: _ended(i, books, "expired") for i, books in ended.items()}
 
 
 def claim(
@@ -295,7 +287,7 @@ def claim(
             continue
         status, deadline, books = rows[i]
         if status in (S.EXPIRED, S.FAILED):
-            ended = _expired(i, books) if status == S.EXPIRED else _poisoned(i, books)
+            ended = _ended(i, books, "expired" if status == S.EXPIRED else "failed")
             claims[i] = Claim(i, None, True, books.tenant_id, books.queue, ended, books.tier_id)
             continue
         slack = None
