@@ -27,6 +27,7 @@ from llmqueue.api.auth import forget_cached_callers
 from llmqueue.bulk.pacer import run_pacer
 from llmqueue.defaults import create_tenant_with_key, ensure_default_tiers, ensure_served_model
 from llmqueue.models import PromptRequest, Tenant, Tier
+from llmqueue.queueing.publishing import publishing_key
 from llmqueue.queueing.routing import forget_cached_routes
 from workers import processes
 from workers.command import worker_argv
@@ -123,6 +124,8 @@ def queued_messages(client: redis.Redis) -> int:
 def assert_nothing_enqueued(client: redis.Redis) -> None:
     assert PromptRequest.objects.count() == 0
     assert queued_messages(client) == 0
+    # Nothing admitted is still counted in a queue's depth as on its way (publishing.py).
+    assert [k for k in client.scan_iter(match=publishing_key("*")) if client.zcard(k)] == []
 
 
 def database_url() -> str:

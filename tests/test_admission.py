@@ -21,6 +21,7 @@ from llmqueue.admission.request import limits_for
 from llmqueue.api.auth import Caller
 from llmqueue.lifecycle import Ended
 from llmqueue.models import TenantUsage
+from llmqueue.queueing import publishing
 from llmqueue.queueing.routing import ModelRoute
 from tests.conftest import T0, Seeded
 
@@ -107,6 +108,33 @@ def test_rejections_take_nothing_from_the_buckets(live):
     assert admit(lim, 1, 0.0).reason == "queue_full"
     live.delete(QUEUE)
     assert admit(lim, 1, 0.0).admitted  # the refused request spent neither token nor request
+
+
+def test_admitted_requests_count_in_the_depth_until_their_publish_clears_them(live):
+    # Between the decision and the publish (the row's INSERT) the queue is shorter than what
+    # was admitted to it: 16 API threads at once overshot a cap of 16 before this.
+    lim = limits(max_queue_depth=2, burst=100)
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    assert decision.admit(lim, 1, now=T0, request_id=first).admitted
+    assert decision.admit(lim, 1, now=T0, request_id=second).admitted
+    assert live.llen(QUEUE) == 0  # neither is published yet, and still the queue is full
+    assert decision.admit(lim, 1, now=T0, request_id=str(uuid.uuid4())).reason == "queue_full"
+    live.lpush(QUEUE, "the first one's message")
+    publishing.clear(live, QUEUE, [first])  # as its publish does, in the same pipeline
+    other = limits(max_queue_depth=2, burst=100, tenant_id=2)  # the first tenant's share is full
+    assert decision.admit(other, 1, now=T0).reason == "queue_full"  # 1 queued + 1 publishing
+    publishing.clear(live, QUEUE, [second])  # its INSERT was refused: it never will be queued
+    assert decision.admit(other, 1, now=T0).admitted
+    assert live.zcard(publishing.publishing_key(QUEUE)) == 0
+
+
+def test_an_admission_never_published_stops_counting_after_the_grace(live):
+    dead = limits(max_queue_depth=1, burst=100)
+    assert decision.admit(dead, 1, now=T0, request_id="an API process died before publishing")
+    other = limits(max_queue_depth=1, burst=100, tenant_id=2)
+    assert decision.admit(other, 1, now=T0 + 1).reason == "queue_full"
+    later = T0 + publishing.PUBLISH_GRACE_SECONDS + 1
+    assert decision.admit(other, 1, now=later).admitted
 
 
 def test_no_live_worker_is_refused_before_anything_else(clean_redis):

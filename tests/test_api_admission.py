@@ -14,6 +14,7 @@ from django.db import connection
 
 from llmqueue.admission import books
 from llmqueue.models import PromptRequest, Tenant, Tier
+from llmqueue.queueing.publishing import publishing_key
 from tests.conftest import (
     SIMULATED,
     Seeded,
@@ -175,6 +176,9 @@ def test_a_broker_lost_at_publish_fails_the_row_and_settles_its_books(
     assert refused.json()["error"]["code"] == "unavailable"
     row = PromptRequest.objects.get()
     assert row.status == S.FAILED and row.error.startswith("not enqueued: broker unavailable")
+    # It no longer counts in its queue's depth as on its way (it never will be queued).
+    assert clean_redis.zcard(publishing_key(row.queue)) == 0
+    assert queued_messages(clean_redis) == 0
     monkeypatch.undo()
     # Its 5 tokens came back: another request of the same size fits in the 6-token minute.
     assert ask(live_server, seeded.key, max_tokens=4).status_code == 202

@@ -34,6 +34,7 @@ from contract.keys import (
 from llmqueue import usage
 from llmqueue.admission.books import LUA_NOW, MIN_DRAIN_SPAN_SECONDS, drain_tau_seconds, now_arg
 from llmqueue.queueing.deadline_order import LUA_DEADLINES, WALK_LIMIT
+from llmqueue.queueing.publishing import PUBLISH_GRACE_SECONDS, publishing_key
 from llmqueue.redis_client import get_redis
 
 # Rejection reasons, as the script returns them and usage counts them.
@@ -48,6 +49,7 @@ NO_WORKER, QUEUE_FULL, TOO_SLOW, TENANT_SHARE = (
 _ADMIT = (
     LUA_DEADLINES
     + f"local WALK_LIMIT = {WALK_LIMIT}\nlocal MIN_DRAIN_SPAN = {MIN_DRAIN_SPAN_SECONDS!r}\n"
+    + f"local PUBLISH_GRACE = {PUBLISH_GRACE_SECONDS}\n"
     + LUA_NOW
     + """
 local rps, burst = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -83,7 +85,9 @@ if drain[1] and now - tonumber(drain[2]) < 3 * tau then
   rate = tonumber(drain[1]) * math.exp(-(now - tonumber(drain[2])) / tau)
     / (tau * (1 - math.exp(-span / tau)))
 end
-local ahead = redis.call('LLEN', KEYS[3])
+-- Admitted requests between their decision and their publish count as queued already.
+redis.call('ZREMRANGEBYSCORE', KEYS[11], '-inf', now - PUBLISH_GRACE)
+local ahead = redis.call('LLEN', KEYS[3]) + redis.call('ZCARD', KEYS[11])
 
 if redis.call('ZCOUNT', KEYS[4], '(' .. (now - stale), '+inf') == 0 then
   return reject('no_worker', -1, rate, ahead)
@@ -166,6 +170,10 @@ redis.call('HSET', KEYS[2], 'tokens', tostring(tokens - need), 'ts', tostring(no
 redis.call('EXPIRE', KEYS[2], 3600)
 redis.call('INCR', KEYS[8])
 redis.call('EXPIRE', KEYS[8], usage_ttl)
+if ARGV[17] ~= '' then
+  redis.call('ZADD', KEYS[11], now, ARGV[17])
+  redis.call('EXPIRE', KEYS[11], PUBLISH_GRACE)
+end
 redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 redis.call('EXPIRE', KEYS[6], usage_ttl)
 if metrics then
@@ -247,9 +255,10 @@ def _deadline_arg(limits: Limits, now: float | None) -> str:
     return repr((time.time() if now is None else now) + limits.max_wait_seconds)
 
 
-def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
+def admit(limits: Limits, tokens: int, now: float | None = None, request_id: str = "") -> Decision:
     """Decide one request needing `tokens` (prompt estimate + max_tokens), atomically against
-    every other replica. `now` (epoch seconds) is for tests; by default Redis' clock decides, so
+    every other replica; an admitted `request_id` counts in its queue's depth until published.
+    `now` (epoch seconds) is for tests; by default Redis' clock decides, so
     replicas with skewed clocks share one timeline."""
     keys = [
         bucket_key("requests", limits.tenant_id),
@@ -264,6 +273,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         admissions_window_key(
             limits.tier_id, latency.minute_of(time.time() if now is None else now)
         ),
+        publishing_key(limits.queue),
     ]
     tenant_depth = max(1, math.floor(limits.max_queue_depth * limits.max_tier_share))
     args = [
@@ -283,6 +293,7 @@ def admit(limits: Limits, tokens: int, now: float | None = None) -> Decision:
         quantile_z(limits.wait_quantile),
         latency.WINDOW_TTL_SECONDS,
         "1" if settings.LLMQUEUE_METRICS else "",
+        request_id,
     ]
     reason, retry, version, rate, ahead, wait = _script()(keys=keys, args=args)
     retry_after, estimate = float(retry), float(wait)

@@ -51,10 +51,15 @@ def tokens_needed(spec: PromptSpec) -> int:
 
 
 def admit_request(
-    caller: Caller, route: ModelRoute, spec: PromptSpec, now: float | None = None
+    caller: Caller,
+    route: ModelRoute,
+    spec: PromptSpec,
+    now: float | None = None,
+    request_id: str = "",
 ) -> int:
     """Admit a validated request or raise 429/503 (or 422 when it can never fit the tenant's
-    tokens per minute); returns the tokens it reserved."""
+    tokens per minute); returns the tokens it reserved. Admitted, `request_id` counts in its
+    queue's depth until its publish clears it (llmqueue/queueing/publishing.py)."""
     limits = limits_for(caller, route, spec)
     need = tokens_needed(spec)
     if need > limits.tokens_per_minute:
@@ -66,7 +71,7 @@ def admit_request(
             param="max_tokens",
         )
     try:
-        decision = admit(limits, need, now)
+        decision = admit(limits, need, now, request_id)
     except redis.RedisError as exc:  # nothing was stored or reserved yet: the caller retries
         raise Unavailable(
             "The queue is unavailable; retry shortly.",

@@ -123,8 +123,9 @@ def _serve_prompt(
         request.headers.get(BACKGROUND_HEADER),
         request.headers.get(DEADLINE_HEADER),
     )
-    reserved = admit_request(caller, route, spec)
-    row = submit_prompt(caller, route, spec, reserved_tokens=reserved)
+    request_id = uuid.uuid4()  # before admission: the queue's depth counts it until published
+    reserved = admit_request(caller, route, spec, request_id=str(request_id))
+    row = submit_prompt(caller, route, spec, reserved_tokens=reserved, request_id=request_id)
     if spec.background:
         return JsonResponse(request_body(row), status=202, headers={REQUEST_ID_HEADER: str(row.id)})
     try:

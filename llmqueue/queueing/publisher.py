@@ -18,6 +18,7 @@ from django.conf import settings
 from celery_ext import message
 from contract.task import GENERATE_IGNORE_RESULT
 from llmqueue.queueing.deadline_order import insert_by_deadline, stamp
+from llmqueue.queueing.publishing import clear
 from project.celery import app
 
 
@@ -52,6 +53,8 @@ class TaskMessage:
     # Due before its tier's deadline: queued ahead of the requests due later. The others keep
     # arrival order (the tier's deadline after their arrival), which one LPUSH gives.
     by_deadline: bool = False
+    # Admitted by the API and counted in the queue's depth until queued (publishing.py).
+    publishing_ids: tuple[str, ...] = ()
 
 
 def publish_tasks(task_name: str, messages: list[TaskMessage]) -> None:
@@ -59,17 +62,20 @@ def publish_tasks(task_name: str, messages: list[TaskMessage]) -> None:
     (LPUSH several values: a worker's BRPOP takes them oldest first). Raises redis.RedisError
     when the broker refuses them."""
     by_queue: dict[str, list[tuple[datetime | None, str]]] = {}
+    publishing: dict[str, list[str]] = {}
     for m in messages:
         envelope = task_envelope(task_name, m.task_id, m.queue, m.args, m.expires, m.argsrepr)
         by_queue.setdefault(m.queue, []).append((m.expires if m.by_deadline else None, envelope))
+        publishing.setdefault(m.queue, []).extend(m.publishing_ids)
     client = _broker()
-    if len(by_queue) == 1:  # an API call's one message: a pipeline would only add cost
-        [(queue, envelopes)] = by_queue.items()
+    if len(by_queue) == 1 and not any(publishing.values()):
+        [(queue, envelopes)] = by_queue.items()  # one message: a pipeline would only add cost
         _push(client, client, queue, envelopes)
         return
     pipe = client.pipeline(transaction=False)
     for queue, envelopes in by_queue.items():
         _push(pipe, client, queue, envelopes)
+        clear(pipe, queue, publishing[queue])
     pipe.execute()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from datetime import datetime, timedelta
 
 import redis
@@ -20,6 +21,7 @@ from llmqueue.lifecycle import Ended
 from llmqueue.models import PromptRequest
 from llmqueue.queueing.lanes import queue_name
 from llmqueue.queueing.publisher import TaskMessage, publish_tasks
+from llmqueue.queueing.publishing import clear
 from llmqueue.queueing.routing import ModelRoute
 from llmqueue.queueing.row_insert import insert_request
 from llmqueue.redis_client import get_redis
@@ -57,7 +59,13 @@ def chunks(rows: list[PromptRequest], size: int) -> list[list[PromptRequest]]:
     return [rows[i : i + size] for i in range(0, len(rows), max(1, size))]
 
 
-def publish(rows: list[PromptRequest], route: ModelRoute, caller: Caller, chunk_size: int) -> None:
+def publish(
+    rows: list[PromptRequest],
+    route: ModelRoute,
+    caller: Caller,
+    chunk_size: int,
+    admitted: bool = False,
+) -> None:
     """Send the rows' tasks to their (pool, tier) queue, `chunk_size` requests per message; the
     worker drops a message after its deadline. A message's task id is its first request's id."""
     queue = queue_name(route.pool, caller.tier_name)
@@ -72,13 +80,14 @@ def publish(rows: list[PromptRequest], route: ModelRoute, caller: Caller, chunk_
                 # The request ids say enough: prompts stay out of headers, Flower and events.
                 argsrepr=f"({', '.join(str(row.id) for row in chunk)})",
                 by_deadline=any(has_own_deadline(row, caller) for row in chunk),
+                publishing_ids=tuple(str(row.id) for row in chunk) if admitted else (),
             )
             for chunk in chunks(rows, chunk_size)
         ],
     )
 
 
-def mark_unpublished(rows: list[PromptRequest], error: Exception) -> None:
+def mark_unpublished(rows: list[PromptRequest], error: Exception, admitted: bool = False) -> None:
     PromptRequest.objects.filter(
         pk__in=[row.pk for row in rows], status=PromptRequest.Status.QUEUED
     ).update(
@@ -86,12 +95,12 @@ def mark_unpublished(rows: list[PromptRequest], error: Exception) -> None:
         finished_at=timezone.now(),
         error=f"not enqueued: broker unavailable ({error})",
     )
-    release_books(rows)
+    release_books(rows, admitted)
 
 
-def release_books(rows: list[PromptRequest]) -> None:
-    """Admitted requests that will never reach a queue: the tokens they reserved go back, and
-    they count as failed, not as waiting."""
+def release_books(rows: list[PromptRequest], admitted: bool = False) -> None:
+    """Admitted requests that will never reach a queue: the tokens they reserved go back, they
+    count as failed, not as waiting, and (`admitted`) no longer in their queue's depth."""
     ended = [
         Ended(row.id, row.tenant_id, row.tier_id, row.queue, "failed", row.reserved_tokens,
               was_waiting=True)
@@ -100,15 +109,23 @@ def release_books(rows: list[PromptRequest]) -> None:
     try:
         pipe = get_redis().pipeline(transaction=False)
         settle(pipe, ended)
+        for row in rows if admitted else []:
+            clear(pipe, row.queue, [row.id])
         lua.execute(pipe)
     except redis.RedisError:
         log.warning("could not settle the books of %d unqueued requests", len(rows))
 
 
 def new_request(
-    caller: Caller, route: ModelRoute, spec: PromptSpec, now: datetime, reserved_tokens: int = 0
+    caller: Caller,
+    route: ModelRoute,
+    spec: PromptSpec,
+    now: datetime,
+    reserved_tokens: int = 0,
+    request_id: uuid.UUID | None = None,
 ) -> PromptRequest:
     return PromptRequest(
+        id=request_id or uuid.uuid4(),
         reserved_tokens=reserved_tokens,
         queue=queue_name(route.pool, caller.tier_name),
         tenant_id=caller.tenant_id,
@@ -134,6 +151,7 @@ def submit_prompts(
     specs: list[PromptSpec],
     chunk_size: int = 1,
     reserved_tokens: int = 0,
+    request_ids: list[uuid.UUID] | None = None,
 ) -> list[PromptRequest]:
     """Store the requests as queued, in one transaction, and publish them once it committed (one
     broker round trip for all: a bulk job's prompts cost a few statements, not one per prompt).
@@ -145,15 +163,23 @@ def submit_prompts(
     refuses the publish, the rows are marked failed and the caller gets 503: nothing is stranded
     as "queued" without a message. If the database refuses the rows, the caller gets 503 too and
     the admission's reservations are released.
+
+    `request_ids`: the ids admission counted in the queue's depth (one per spec); the publish
+    stops counting them as it queues them (llmqueue/queueing/publishing.py).
     """
     now = timezone.now()
-    rows = [new_request(caller, route, spec, now, reserved_tokens) for spec in specs]
+    ids: list[uuid.UUID | None] = list(request_ids) if request_ids else [None] * len(specs)
+    rows = [
+        new_request(caller, route, spec, now, reserved_tokens, request_id)
+        for spec, request_id in zip(specs, ids, strict=True)
+    ]
+    admitted = request_ids is not None
     committed = False
 
     def publish_committed() -> None:
         nonlocal committed
         committed = True
-        publish(rows, route, caller, chunk_size)
+        publish(rows, route, caller, chunk_size, admitted)
 
     try:
         if len(rows) == 1 and transaction.get_autocommit():
@@ -168,7 +194,7 @@ def submit_prompts(
                 transaction.on_commit(publish_committed)
     except Exception as exc:
         if not committed:
-            release_books(rows)
+            release_books(rows, admitted)
             if isinstance(exc, DatabaseError):
                 raise Unavailable(
                     "The database is unavailable; nothing was queued. Retry shortly.",
@@ -176,7 +202,7 @@ def submit_prompts(
                 ) from exc
             raise
         log.exception("publish of %d requests failed", len(rows))
-        mark_unpublished(rows, exc)
+        mark_unpublished(rows, exc, admitted)
         raise Unavailable(
             "The queue is unavailable; retry shortly.", retry_after_seconds=5
         ) from exc
@@ -185,8 +211,14 @@ def submit_prompts(
 
 
 def submit_prompt(
-    caller: Caller, route: ModelRoute, spec: PromptSpec, reserved_tokens: int = 0
+    caller: Caller,
+    route: ModelRoute,
+    spec: PromptSpec,
+    reserved_tokens: int = 0,
+    request_id: uuid.UUID | None = None,
 ) -> PromptRequest:
-    """Store one admitted request (holding `reserved_tokens` of its tenant's tokens per minute)
-    as queued and publish it once the row is committed."""
-    return submit_prompts(caller, route, [spec], reserved_tokens=reserved_tokens)[0]
+    """Store one admitted request (holding `reserved_tokens` of its tenant's tokens per minute;
+    `request_id` the id admission counted it under) as queued and publish it once committed."""
+    ids = None if request_id is None else [request_id]
+    rows = submit_prompts(caller, route, [spec], reserved_tokens=reserved_tokens, request_ids=ids)
+    return rows[0]
