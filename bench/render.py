@@ -47,6 +47,8 @@ TITLES = {
     "deadlines": "Deadline order within a tier",
     "metrics_overhead": "What metrics and event logs cost the request path",
     "bulk": "Bulk jobs: acceptance, engine throughput, interactive waits, fairness",
+    "overload": "Overload: 10× capacity against the floor of the machine",
+    "reliability": "Faults: crash, deploy, data loss, overload, fuzz",
 }
 
 DESCRIPTIONS = {
@@ -228,6 +230,26 @@ every request ended. Scenarios: `mixed-1.1` (20 % urgent at 1.1× capacity: a gr
 `uniform-1.1` (every request relaxed: deadline order is arrival order), `mixed-0.7` (no backlog
 to jump); the quick form runs `mixed-1.1` only. *Met* = first token before the request's deadline
 (a refused, expired or late request misses).""",
+    "overload": """\
+The real stack (granian API, 2 processes × 8 threads; one `workers.serve` with the simulated
+engine at real speed, 8 sequences; the tier's depth cap 16, max wait 20 s). Capacity is measured
+first by draining a backlog; then, open loop over keep-alive pools for the burst's length, 80 %
+of 10× capacity from a tenant with no rate limit (its queue fills to the cap, the rest is 503)
+and 20 % from one limited to half the capacity with 2 s deadlines (429s, 503
+`deadline_unreachable`), while 50 GETs/s of `/health` (a Django view doing one Redis PING on the
+same server) measure the floor of the machine under the same load. A latency counts from the
+request's scheduled send. Every 0.1 s the queue's length and the API's and worker's RSS are
+sampled; afterwards every admitted request must end succeeded, or expired no later than its
+deadline + 3 s.""",
+    "reliability": """\
+Each fault test of docs/RELIABILITY.md once, run by pytest with
+`LLMQUEUE_RELIABILITY_OUT` set, so the figures are those the test measured and asserted: a
+worker SIGKILLed holding 8 requests (production visibility timeout, 3 s stale window), a
+worker SIGTERMed for a deploy holding 8, Redis restarted without its data mid-batch (48
+lines), the overload test (the burst's length: quick 20 s, full 60 s), the API fuzzed from its
+OpenAPI document (quick 2,000 requests, full 5,000). *recovery_s*: from the fault until the
+last of the requests it hit was claimed again (SIGKILL, SIGTERM), or until the reconciler
+republished the lost messages (data loss).""",
 }
 
 
@@ -515,6 +537,38 @@ def bulk_tables(data: dict[str, Any]) -> list[str]:
     return md_table(("figure", "value"), rows)
 
 
+def overload_tables(data: dict[str, Any]) -> list[str]:
+    latency, settled = data.get("latency") or {}, data.get("settled") or {}
+    rows = [
+        ["capacity / offered req/s", pair(data, ("capacity_rps",), ("offered_rps",))],
+        ["rejections p50 / p99 ms",
+         pair(latency, ("rejections", "p50_ms"), ("rejections", "p99_ms"))],
+        ["floor (GET /health) p50 / p99 ms",
+         pair(latency, ("floor", "p50_ms"), ("floor", "p99_ms"))],
+        ["rejection p99 ÷ floor p99", cell(data.get("reject_p99_ratio"))],
+        ["queue depth max / cap", pair(data, ("depth", "max"), ("depth", "cap"))],
+        ["RSS peak MB, API / worker",
+         pair(data, ("rss_mb", "api_peak"), ("rss_mb", "worker_peak"))],
+        ["RSS growth MB after the first quarter, API / worker",
+         pair(data, ("rss_mb", "api_growth"), ("rss_mb", "worker_growth"))],
+        ["admitted / succeeded / expired", f"{cell(settled.get('admitted'))} / "
+         f"{cell(settled.get('succeeded'))} / {cell(settled.get('expired'))}"],
+        ["lost / expired late / server errors", f"{cell(settled.get('lost'))} / "
+         f"{cell(settled.get('expired_late'))} / {cell(data.get('server_errors'))}"],
+    ]  # fmt: skip
+    answers = "; ".join(f"{kind}: {cell(by)}" for kind, by in (data.get("answers") or {}).items())
+    return [*md_table(("figure", "value"), rows), "", f"Answers by status: {answers}."]
+
+
+def reliability_tables(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for scenario, run in (data.get("scenarios") or {}).items():
+        figures = ", ".join(f"{k} {cell(v)}" for k, v in (data.get(scenario) or {}).items())
+        rows.append([scenario, "passed" if run.get("passed") else "**failed**",
+                     cell(run.get("seconds")), figures, f"`{run.get('test')}`"])  # fmt: skip
+    return md_table(("fault", "test", "s", "figures", "test id"), rows)
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "scheduling_sweep": scheduling_sweep_tables,
     "throughput": throughput_tables,
@@ -524,6 +578,8 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "deadlines": deadlines_tables,
     "metrics_overhead": metrics_overhead_tables,
     "bulk": bulk_tables,
+    "overload": overload_tables,
+    "reliability": reliability_tables,
 }
 
 

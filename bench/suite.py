@@ -192,6 +192,28 @@ def deadlines_figures(data: dict[str, Any]) -> list[Figure]:
     return [Figure("mixed-1.1, EDF: urgent met deadline", met, 0.99, GE)]
 
 
+def overload_figures(data: dict[str, Any]) -> list[Figure]:
+    return [
+        Figure("rejection p99 ÷ a bare view's p99 (GET /health), same load",
+               number(data.get("reject_p99_ratio")), 3.0, LE),
+        Figure("queue depth max ÷ cap", number(data.get("depth_max_over_cap")), 1.0, LE),
+        Figure("server errors (5xx but backpressure 503, no answer)",
+               number(data.get("server_errors")), 0.0, LE),
+        Figure("admitted requests lost", number(dig(data, "settled", "lost")), 0.0, LE),
+    ]  # fmt: skip
+
+
+def reliability_figures(data: dict[str, Any]) -> list[Figure]:
+    figures = []
+    for scenario, run in (data.get("scenarios") or {}).items():
+        figures.append(Figure(f"{scenario}: test passed", 1.0 if run.get("passed") else 0.0,
+                              1.0, GE))  # fmt: skip
+        for name in ("lost", "duplicated", "server_errors"):
+            if name in (data.get(scenario) or {}):
+                figures.append(Figure(f"{scenario}: {name}", number(data[scenario][name]), 0, LE))
+    return figures
+
+
 # --- the benches -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bench:
@@ -247,6 +269,10 @@ BENCHES: tuple[Bench, ...] = (
     Bench("metrics_overhead", ("--repeats", "2"), (), metrics_overhead_figures),
     # Quick: 10 s of interactive traffic with no job instead of 20 (~4 min, two engine loads).
     Bench("bulk", ("--interactive-seconds", "10"), (), bulk_figures),
+    # Quick: a 20 s burst at 10× capacity instead of the 60 s.
+    Bench("overload", ("--quick",), (), overload_figures),
+    # The fault tests once each; quick: the overload test's burst 20 s, 2,000 fuzzed requests.
+    Bench("reliability", ("--quick",), (), reliability_figures),
 )
 BY_NAME = {bench.name: bench for bench in BENCHES}
 

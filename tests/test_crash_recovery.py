@@ -19,6 +19,7 @@ from celery_ext.broker import held_key
 from contract import liveness
 from llmqueue.models import PromptRequest
 from tests.conftest import Seeded, WorkerFactory, settle, wait_until
+from tests.reliability_record import record
 from tests.test_redelivery import MAX_TOKENS, SLOW_WORKER, count_published_results
 from tests.test_scheduling import submit
 
@@ -44,6 +45,21 @@ def published_for(published: Counter[str], ids: Iterable[uuid.UUID]) -> int:
     """Results published for `ids` (pub/sub spans Redis' databases: other processes' show up)."""
     mine = {str(i) for i in ids}
     return sum(n for key, n in published.items() if key.split(":")[0] in mine)
+
+
+def record_outcome(
+    scenario: str, ids: list[uuid.UUID], published: Counter[str], recovery_s: float
+) -> None:
+    """The report's figures (bench/reliability.py): what was accepted, ended, lost, run twice."""
+    rows = PromptRequest.objects.filter(id__in=ids)
+    record(
+        scenario,
+        accepted=len(ids),
+        completed=rows.filter(status=S.SUCCEEDED).count(),
+        lost=rows.exclude(status__in=[S.SUCCEEDED, S.FAILED, S.EXPIRED]).count(),
+        duplicated=sum(max(0, published[f"{i}:SUCCESS"] - 1) for i in ids),
+        recovery_s=round(recovery_s, 2),
+    )
 
 
 def test_a_killed_workers_requests_restart_elsewhere_within_the_stale_window(
@@ -83,6 +99,7 @@ def test_a_killed_workers_requests_restart_elsewhere_within_the_stale_window(
     assert published_for(published, ids) == 12  # nothing published twice, nothing failed
     assert not clean_redis.exists(held_key(doomed.node))
     assert doomed.node not in liveness.live_workers(clean_redis, "default", 3600)
+    record_outcome("sigkill", ids, published, recovery)
 
 
 def test_a_live_workers_long_generation_is_never_redelivered_whatever_the_visibility_timeout(
@@ -134,6 +151,8 @@ def test_a_worker_stopped_for_a_deploy_hands_its_requests_over_at_once(
         assert published[f"{row.id}:SUCCESS"] == 1
     assert published_for(published, ids) == 12  # nothing recorded for the handed-back attempts
     assert not clean_redis.exists(held_key(leaving.node))
+    taken_over = max(r.started_at for r in rows if r.id in held).timestamp() - stopped_at
+    record_outcome("sigterm", ids, published, taken_over)
 
 
 def test_a_deploy_lets_short_generations_finish_on_the_leaving_worker(
