@@ -118,3 +118,27 @@ def test_a_side_by_side_comparison_shows_both_commits_medians_and_runs():
     assert "## Side by side: restructure" in page
     assert "| latency | p50 ms | 7 | 6 | 6, 8; 7, 5 |" in page
     assert "before (aaaaaaa)" in page and "after (bbbbbbb)" in page
+
+
+def test_the_reliability_doc_gets_one_row_per_fault_between_its_markers():
+    data = {
+        "form": "quick",
+        "scenarios": {
+            "sigkill": {"passed": True, "test": "tests/x.py::test_kill"},
+            "fuzz": {"passed": False, "test": "tests/y.py::test_fuzz"},
+        },
+        "sigkill": {"accepted": 12, "completed": 12, "lost": 0, "duplicated": 0,
+                    "recovery_s": 3.03},
+        "fuzz": {"requests": 2000, "server_errors": 0},
+    }  # fmt: skip
+    entry = {"commit": "abc1234", "date": "2026-12-06 07:00 UTC", "command": "py -m x"}
+    doc = f"before\n{render.RELIABILITY_START}\nold\n{render.RELIABILITY_END}\nafter\n"
+    text = render.with_block(doc, render.reliability_block(entry, data))
+    assert text.startswith(f"before\n{render.RELIABILITY_START}\n") and text.endswith("after\n")
+    assert "old" not in text
+    assert (
+        "| sigkill | passed | 12 | 12 | 0 | 0 | 3.03 | "
+        "`.venv/bin/python -m bench.reliability --only sigkill` |"
+    ) in text
+    assert "| fuzz | **failed** | 2000 |" in text
+    assert "Measured on commit abc1234, 2026-12-06 07:00 UTC, quick form" in text
