@@ -215,7 +215,8 @@ job (128 tokens each) on one vLLM worker (tiny model, bench.throughput's engine)
 first_token_at − enqueued_at) is compared. **fairness**: two tenants of one tier (depth 32, the
 pacer's half is 16 lines) on the simulated engine, jobs of 2,000 and 200 lines of random sizes, the
 second created 10 s later; the largest difference in tokens released by the pacer (its fair
-scheduler's decisions) while both have lines not released; the same counted at the workers' claims
+scheduler's decisions), after each release (a tick's lines are published together, with one
+timestamp), while both have lines not released; the same counted at the workers' claims
 is shown beside it.""",
     "deadlines": """\
 When does ordering a tier's queue by deadline (earliest deadline first,

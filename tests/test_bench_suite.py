@@ -129,3 +129,18 @@ def test_a_partial_run_keeps_the_other_benches_with_the_commit_that_measured_the
     label = suite.bench_label("latency", merged["benches"]["latency"], merged)
     assert label == "latency (commit aaa1111, 2026-12-01 10:00 UTC)"
     assert suite.bench_label("throughput", merged["benches"]["throughput"], merged) == "throughput"
+
+
+def test_the_bulk_fairness_gap_is_taken_after_each_release_not_inside_one():
+    from bench.bulk import service_gap
+
+    def line(tenant: str, at: float, tokens: int) -> dict[str, Any]:
+        return {"tenant": tenant, "enqueued": at, "prompt_tokens": tokens, "completion_tokens": 0}
+
+    # Two releases of one line each per tenant, then a release of big's alone, then small's.
+    rows = [line("big", 1.0, 100), line("small", 1.0, 90), line("big", 2.0, 80),
+            line("small", 2.0, 100), line("big", 3.0, 50), line("small", 4.0, 10)]  # fmt: skip
+    # After 1.0: 100 vs 90; after 2.0: 180 vs 190; after 3.0 (small still waits): 230 vs 190.
+    assert service_gap(rows, ("big", "small"), since=0.5) == 10  # both until 3.0 (big's last)
+    rows.append(line("big", 5.0, 1))
+    assert service_gap(rows, ("big", "small"), since=0.5) == 40
