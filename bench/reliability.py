@@ -35,6 +35,10 @@ SCENARIOS = {
     "test_a_killed_workers_requests_restart_elsewhere_within_the_stale_window",
     "sigterm": "tests/test_crash_recovery.py::"
     "test_a_worker_stopped_for_a_deploy_hands_its_requests_over_at_once",
+    "api_restart": "tests/test_api_restart.py::"
+    "test_an_api_restarted_mid_load_loses_no_accepted_request[sigterm-new-process]",
+    "api_reload": "tests/test_api_restart.py::"
+    "test_an_api_restarted_mid_load_loses_no_accepted_request[sighup]",
     "redis_data_loss": "tests/test_bulk_durability.py::"
     "test_a_batch_survives_a_redis_restart_mid_job[without-its-data]",
     "overload": "tests/test_overload.py::"

@@ -73,12 +73,17 @@ class Stack:
         )
         return process
 
-    def start_api(self, key: str) -> subprocess.Popen[bytes]:
-        # One thread: every call reuses the Redis connections the previous call kept.
+    def start_api(
+        self, key: str, workers: int = 1, threads: int = 1, extra: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
+        """granian on this stack's port, ready once it answers. By default one process of one
+        thread: every call reuses the Redis connections the previous call kept. `extra`: more
+        granian options."""
         argv = [
             sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1",
-            "--port", str(self.api_port), "--workers", "1", "--blocking-threads", "1",
-            "--no-ws", "--log-level", "warning", "project.wsgi:application",
+            "--port", str(self.api_port), "--workers", str(workers),
+            "--blocking-threads", str(threads),
+            "--no-ws", "--log-level", "warning", *extra, "project.wsgi:application",
         ]  # fmt: skip
         process = self.spawn(
             "api", argv, cwd=REPO, env=self.env(), ports=(self.api_port,), inherit_output=True
