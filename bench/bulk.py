@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from bench import harness
-from bench.latency import percentile
+from bench.latency import busy_cores, cpu_per_request, cpu_snapshot, percentile
 from bench.throughput import DirectRunner, engine_flags, prompts, task_slots
 from bench.throughput import worker_argv as vllm_worker_argv
 
@@ -252,7 +252,9 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
             phase.wait_completed("bulk", phase.submit("bulk", lines), 1800)
             return time.perf_counter() - start
 
+        cpu_before = cpu_snapshot(phase.started, phase.redis_url)
         job_s = busy.during(job)
+        cpu_after = cpu_snapshot(phase.started, phase.redis_url)
         timeline = harness.request_timeline(phase.env)
         idle_ms = first_token_waits_ms(timeline, idle.ids)
         busy_ms = first_token_waits_ms(timeline, busy.ids)
@@ -260,6 +262,10 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "job_lines": args.job_lines, "max_tokens": args.max_tokens,
             "direct_s": direct_s, "job_s": job_s, "ratio": direct_s / job_s,
+            # Where the machine's CPU went during the job, per line: every ms outside the worker's
+            # engine is taken from it on these 2 cores (the pacer, the API, this client's polls).
+            "cpu_ms_per_line": cpu_per_request(cpu_before, cpu_after, args.job_lines),
+            "busy_cores_during_job": busy_cores(cpu_before, cpu_after, job_s),
             "interactive_p99_ms_idle": round(p99_idle, 1),
             "interactive_p99_ms_during_bulk": round(p99_busy, 1),
             "interactive_p99_during_vs_idle": round(p99_busy / p99_idle, 2),
