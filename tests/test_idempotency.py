@@ -4,6 +4,7 @@ second generation; a refused send frees the key; another body or tenant is anoth
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 import redis
 
+from llmqueue.api import idempotency
 from llmqueue.api.idempotency import entry_key
 from llmqueue.models import PromptRequest
 from tests.conftest import SIMULATED, Seeded, WorkerFactory, pretend_live, queued_messages
@@ -126,3 +128,19 @@ def test_a_key_of_no_or_too_many_characters_is_refused_and_stores_nothing(
     assert response.json()["error"]["param"] == "Idempotency-Key"
     assert PromptRequest.objects.count() == 0 and queued_messages(clean_redis) == 0
     assert list(clean_redis.scan_iter(match=entry_key(seeded.tenant_id, "*")[:-1] + "*")) == []
+
+
+def test_a_send_racing_the_first_before_its_row_exists_is_told_to_retry(
+    live_server, seeded: Seeded, clean_redis: redis.Redis
+):
+    pretend_live(clean_redis, "default")
+    # As the first send leaves it between binding its key and INSERTing its row.
+    headers = {"X-LLMQueue-Tier": None, "X-LLMQueue-Background": "true",
+               "X-LLMQueue-Deadline-Seconds": None}  # fmt: skip
+    first_id = uuid.uuid4()
+    assert idempotency.reserve(seeded.tenant_id, "k-6", first_id,
+                               idempotency.fingerprint(BODY, headers)) is None  # fmt: skip
+    racing = send(live_server, seeded.key, "k-6", **BACKGROUND)
+    assert (racing.status_code, racing.headers["Retry-After"]) == (409, "1")
+    assert racing.json()["error"]["code"] == "idempotency_key_in_use"
+    assert PromptRequest.objects.count() == 0 and queued_messages(clean_redis) == 0
