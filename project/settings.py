@@ -199,6 +199,11 @@ as it passes the limit). 8 MiB holds a prompt of about 2M tokens at LLMQUEUE_BYT
 more than any served context; uploads to /v1/files have their own LLMQUEUE_BULK_MAX_FILE_BYTES."""
 # Django's own limit on a body it reads into memory: kept equal, so the two never disagree.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LLMQUEUE_MAX_BODY_BYTES
+LLMQUEUE_IDEMPOTENCY_TTL_SECONDS = env.int("LLMQUEUE_IDEMPOTENCY_TTL_SECONDS", default=24 * 3600)
+"""How long an `Idempotency-Key` keeps answering its first request: as long as the result backend
+keeps results (LLMQUEUE_RESULT_TTL_SECONDS' default), so a replay finds the outcome it waits for.
+A caller cut off mid-wait (an API restart's stop timeout, a dropped connection) sends the same
+key again and gets the first request, not a second generation."""
 LLMQUEUE_AUTH_CACHE_SECONDS = env.float("LLMQUEUE_AUTH_CACHE_SECONDS", default=5.0)
 """Seconds an API replica trusts its cached view of a key/tenant/tier before re-reading the DB:
 admin edits (revocation, deactivation, limits) take effect within this bound."""

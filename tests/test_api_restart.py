@@ -63,6 +63,7 @@ class Call:
     request_id: str = ""
     final: dict[str, Any] = field(default_factory=dict)  # the polled end state (background)
     poll_errors: int = 0  # polls that got no answer (retried)
+    replayed: bool = False  # answered with the first send's request (Idempotent-Replayed)
 
 
 class Load:
@@ -70,8 +71,9 @@ class Load:
     background calls (202, then polling GET /v1/requests/<id> to the end) and blocking calls
     (200 with the result). A call that gets no answer is sent again, as clients retry."""
 
-    def __init__(self, stack: Stack, key: str):
-        self.stack, self.key = stack, key
+    def __init__(self, stack: Stack, key: str, idempotent: bool = False):
+        # idempotent: each call sends an Idempotency-Key (its prompt), resent with the call.
+        self.stack, self.key, self.idempotent = stack, key, idempotent
         self.calls: list[Call] = []
         self.in_flight: set[int] = set()  # ids of Call objects waiting for an answer
         self.lock = threading.Lock()
@@ -135,6 +137,7 @@ class Load:
         }
         if not call.blocking:
             body["background"] = True
+        headers = {"Idempotency-Key": call.prompt} if self.idempotent else {}
         call.started = time.time()
         with self.lock:
             self.in_flight.add(id(call))
@@ -142,7 +145,9 @@ class Load:
             while True:
                 call.attempt_started = time.time()
                 try:
-                    response = client.post("/v1/completions", json=body, timeout=CALL_TIMEOUT)
+                    response = client.post(
+                        "/v1/completions", json=body, headers=headers, timeout=CALL_TIMEOUT
+                    )
                 except httpx.TimeoutException as exc:  # a hang: the test fails on it
                     call.no_answer.append(repr(exc))
                     call.ambiguous += not isinstance(exc, httpx.ConnectTimeout)
@@ -159,6 +164,7 @@ class Load:
                 call.status = response.status_code
                 call.body = response.json()
                 call.request_id = response.headers.get("X-LLMQueue-Request-Id", "")
+                call.replayed = response.headers.get("Idempotent-Replayed") == "true"
                 return
         finally:
             call.ended = time.time()
@@ -386,19 +392,22 @@ def test_an_api_restarted_mid_load_loses_no_accepted_request(
     )
 
 
+@pytest.mark.parametrize("idempotent", [False, True], ids=["no-key", "idempotency-key"])
 def test_a_kill_timeout_shorter_than_a_wait_cuts_the_caller_not_its_request(
-    seeded: Seeded, stack: Stack
+    seeded: Seeded, stack: Stack, idempotent: bool
 ):
     """Why the production command sets no short --workers-kill-timeout: past it granian kills
     a worker still holding a blocking call. The caller gets no answer (and so no request id),
-    while its request, stored and queued before, runs to the end and is published once."""
+    while its request, stored and queued before, runs to the end and is published once. Sent
+    again without an Idempotency-Key it runs a second time; with one, the retry is answered
+    with the first request's outcome."""
     key = seeded.other_key
     stack.start_redis()
     client = redis.Redis.from_url(stack.redis_url, socket_timeout=5)
     published, stop_listening, listener = listen(client)
     old_api = stack.start_api(key, extra=("--workers-kill-timeout", "1"))
     stack.start_worker(client, *WORKER)
-    load = Load(stack, key)
+    load = Load(stack, key, idempotent)
     call, thread = load.one_call(blocking=True, max_tokens=KILLED_TOKENS)
     wait_until(lambda: PromptRequest.objects.filter(status=S.RUNNING).exists(), 30, "running")
     stopped_at = time.time()
@@ -419,9 +428,14 @@ def test_a_kill_timeout_shorter_than_a_wait_cuts_the_caller_not_its_request(
     stop_listening.set()
     listener.join(timeout=5)
     rows = list(PromptRequest.objects.filter(prompt=call.prompt))
-    # The cut attempt's row and the retry's: the at-most-once ambiguity of any HTTP API whose
-    # caller retries a request that got no answer. Both ran once, each published once.
-    assert len(rows) == 2 and call.request_id in {str(r.id) for r in rows}
+    if idempotent:
+        # The retry found the first send's request by its key and answered its outcome.
+        assert [str(r.id) for r in rows] == [call.request_id] and call.replayed
+        assert call.body["usage"]["completion_tokens"] == KILLED_TOKENS
+    else:
+        # The cut attempt's row and the retry's: the at-most-once ambiguity of any HTTP API
+        # whose caller retries a request that got no answer. Both ran once, each published once.
+        assert len(rows) == 2 and call.request_id in {str(r.id) for r in rows}
     for row in rows:
         assert (row.status, row.completion_tokens) == (S.SUCCEEDED, KILLED_TOKENS)
         assert published[f"{row.id}:SUCCESS"] == 1

@@ -38,6 +38,11 @@ PROMPT_HEADERS = (
     _header("X-LLMQueue-Background", "true: answer 202 at once; poll GET /v1/requests/{id}."),
     _header("X-LLMQueue-Deadline-Seconds", "A tighter deadline, in seconds (a number)."),
     _header("X-LLMQueue-Tier", "The tier to run on, one the tenant may use."),
+    _header(
+        "Idempotency-Key",
+        "1-255 characters: sent again with the same request, it answers the first send's "
+        "request (Idempotent-Replayed: true) instead of generating again; 24 h.",
+    ),
 )
 PAGE = (_query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
         _query("after", {"type": "string"}))  # fmt: skip

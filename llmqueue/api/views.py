@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import uuid
@@ -14,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from llmqueue.admission.request import admit_request
-from llmqueue.api import validation
+from llmqueue.api import idempotency, validation
 from llmqueue.api.auth import Caller, authenticate
 from llmqueue.api.body import read_body
 from llmqueue.api.errors import (
@@ -40,7 +41,7 @@ from llmqueue.api.validation import wait_seconds
 from llmqueue.cancellation import cancel_requests
 from llmqueue.metrics.api_errors import count_api_error
 from llmqueue.models import PromptRequest
-from llmqueue.queueing.routing import live_models, resolve_model
+from llmqueue.queueing.routing import ModelRoute, live_models, resolve_model
 from llmqueue.queueing.submission import submit_prompt
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,11 @@ BACKGROUND_HEADER = "X-LLMQueue-Background"
 DEADLINE_HEADER = "X-LLMQueue-Deadline-Seconds"
 # How long the request waited between admission and a worker's claim, in seconds.
 QUEUE_SECONDS_HEADER = "X-LLMQueue-Queue-Seconds"
+# On an answer to a send under an Idempotency-Key already used: the first send's request.
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+# Headers that change what a prompt request is: part of its idempotency fingerprint.
+REQUEST_HEADERS = (TIER_HEADER, BACKGROUND_HEADER, DEADLINE_HEADER)
 
 View = Callable[..., HttpResponse]
 
@@ -84,10 +90,9 @@ def api_endpoint(*methods: str) -> Callable[[View], View]:
 
 
 def _respond_with_outcome(
-    row: PromptRequest, outcome: Outcome | None, waited: float
+    row: PromptRequest, outcome: Outcome | None, waited: float, headers: dict[str, str]
 ) -> HttpResponse:
     poll = f"/v1/requests/{row.id}"
-    headers = {REQUEST_ID_HEADER: str(row.id)}
     if outcome is None:
         raise WaitTimeout(
             f"No result within {waited:g} s; request {row.id} stays queued: poll GET {poll}.",
@@ -104,6 +109,48 @@ def _respond_with_outcome(
             headers=headers,
         )
     raise failure_error(outcome.error_type, outcome.error_message, headers)
+
+
+def _answer(
+    row: PromptRequest, spec: validation.PromptSpec, caller: Caller, replayed: bool = False
+) -> HttpResponse:
+    """202 with the request's status (background), or its outcome once it has one."""
+    headers = {REQUEST_ID_HEADER: str(row.id)}
+    if replayed:
+        headers[REPLAYED_HEADER] = "true"
+    if spec.background:
+        return JsonResponse(request_body(row), status=202, headers=headers)
+    if replayed and row.status == PromptRequest.Status.SUCCEEDED:
+        return JsonResponse(request_body(row)["result"], headers=headers)
+    try:
+        outcome = wait_for_outcome(str(row.id), wait_seconds(spec, caller))
+    except redis.RedisError as exc:  # the request is queued: say which, so it can be polled
+        raise Unavailable(
+            f"Lost the queue while waiting for request {row.id}; it stays queued: "
+            f"poll GET /v1/requests/{row.id}.",
+            retry_after_seconds=5,
+            headers=headers,
+        ) from exc
+    return _respond_with_outcome(row, outcome, wait_seconds(spec, caller), headers)
+
+
+def _admit_and_submit(
+    caller: Caller, route: ModelRoute, spec: validation.PromptSpec, request_id: uuid.UUID
+) -> PromptRequest:
+    # The id comes first: the queue's depth counts it from admission until its publish.
+    reserved = admit_request(caller, route, spec, request_id=str(request_id))
+    return submit_prompt(caller, route, spec, reserved_tokens=reserved, request_id=request_id)
+
+
+def _first_request(first_id: uuid.UUID, caller: Caller) -> PromptRequest:
+    row = PromptRequest.objects.filter(pk=first_id, tenant_id=caller.tenant_id).first()
+    if row is None:  # the first send is between its key and its row's INSERT
+        raise idempotency.KeyInUse(
+            f"The request sent with this {idempotency.HEADER} is still being admitted; "
+            "retry shortly.",
+            retry_after_seconds=1,
+        )
+    return row
 
 
 def _serve_prompt(
@@ -123,21 +170,28 @@ def _serve_prompt(
         request.headers.get(BACKGROUND_HEADER),
         request.headers.get(DEADLINE_HEADER),
     )
-    request_id = uuid.uuid4()  # before admission: the queue's depth counts it until published
-    reserved = admit_request(caller, route, spec, request_id=str(request_id))
-    row = submit_prompt(caller, route, spec, reserved_tokens=reserved, request_id=request_id)
-    if spec.background:
-        return JsonResponse(request_body(row), status=202, headers={REQUEST_ID_HEADER: str(row.id)})
+    key = idempotency.checked_key(request.headers.get(idempotency.HEADER))
+    request_id = uuid.uuid4()
+    if key is None:
+        return _answer(_admit_and_submit(caller, route, spec, request_id), spec, caller)
+    sent_with = {name: request.headers.get(name) for name in REQUEST_HEADERS}
+    print_ = idempotency.fingerprint(body, sent_with)
     try:
-        outcome = wait_for_outcome(str(row.id), wait_seconds(spec, caller))
-    except redis.RedisError as exc:  # the request is queued: say which, so it can be polled
+        first = idempotency.reserve(caller.tenant_id, key, request_id, print_)
+    except redis.RedisError as exc:
         raise Unavailable(
-            f"Lost the queue while waiting for request {row.id}; it stays queued: "
-            f"poll GET /v1/requests/{row.id}.",
-            retry_after_seconds=5,
-            headers={REQUEST_ID_HEADER: str(row.id)},
+            "The queue is unavailable; retry shortly.", retry_after_seconds=5
         ) from exc
-    return _respond_with_outcome(row, outcome, wait_seconds(spec, caller))
+    if first is not None:
+        return _answer(_first_request(first, caller), spec, caller, replayed=True)
+    try:
+        row = _admit_and_submit(caller, route, spec, request_id)
+    except Exception:
+        # Refused or never queued: the same key sent again is a new try, as the refusal asks.
+        with contextlib.suppress(redis.RedisError):
+            idempotency.release(caller.tenant_id, key, request_id, print_)
+        raise
+    return _answer(row, spec, caller)
 
 
 @api_endpoint("POST")
