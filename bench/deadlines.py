@@ -74,7 +74,9 @@ async def _exchange(port: int, request: bytes) -> tuple[int, bytes]:
         writer.close()
 
 
-def _request(port: int, key: str, deadline_s: float | None) -> bytes:
+def completion_request(port: int, key: str, deadline_s: float | None = None) -> bytes:
+    """A background completion of ~100 prompt and MAX_TOKENS output tokens (bench/overload.py
+    sends the same)."""
     body: dict[str, Any] = {
         "model": MODEL,
         "prompt": PROMPT,
@@ -101,7 +103,10 @@ async def poisson_arrivals(
 ) -> list[Sent]:
     """Open loop: each request on its own connection at its Poisson arrival time."""
     rng = random.Random(seed)
-    requests = {"urgent": _request(port, key, urgent_s), "relaxed": _request(port, key, None)}
+    requests = {
+        "urgent": completion_request(port, key, urgent_s),
+        "relaxed": completion_request(port, key, None),
+    }
     sent: list[Sent] = []
 
     async def one(kind: str) -> None:
@@ -240,7 +245,7 @@ def capacity(args: argparse.Namespace) -> float:
         backlog = 12 * args.max_num_seqs
 
         async def flood() -> None:
-            request = _request(port, key, None)
+            request = completion_request(port, key, None)
             await asyncio.gather(*(_exchange(port, request) for _ in range(backlog)))
 
         asyncio.run(flood())

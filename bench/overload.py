@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import threading
 import time
@@ -51,17 +50,15 @@ import redis as redis_client
 
 from bench import harness
 from bench.admission import Connection, Reply, by_kind, open_loop, run_client
+from bench.deadlines import MODEL, completion_request
 from bench.http_client import encode_request
 from bench.latency import summary_ms
 from workers import processes
 
 HOST = "127.0.0.1"
 POOL = "default"
-MODEL = "sim"
 TIER = "interactive"
 QUEUE = f"{POOL}.{TIER}"
-PROMPT = "x" * 400  # ~100 tokens at 4 bytes per token, as the simulated engine counts them
-MAX_TOKENS = 48
 TIER_WAIT_S = 20
 CAPPED_DEADLINE_S = 2.0
 SWEEP_S = 1.0  # LLMQUEUE_DEADLINE_SWEEP_SECONDS's default, which the worker runs with
@@ -93,22 +90,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # --- requests ------------------------------------------------------------------------------------
-def completion(port: int, key: str, deadline_s: float | None = None) -> bytes:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "prompt": PROMPT,
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "background": True,
-    }
-    if deadline_s is not None:
-        body["deadline_seconds"] = deadline_s
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    return encode_request(
-        "POST", f"{HOST}:{port}", "/v1/completions", headers, json.dumps(body).encode()
-    )
-
-
 def health(port: int) -> bytes:
     return encode_request("GET", f"{HOST}:{port}", "/health", {}, b"")
 
@@ -194,7 +175,7 @@ def measure_capacity(serving: Serving, args: argparse.Namespace) -> float:
     backlog is sent one request at a time, each refusal waited out: admission sheds a fresh
     queue's burst on a drain rate it has barely measured yet."""
     backlog = 6 * args.max_num_seqs
-    request = completion(serving.port, serving.keys["probe"])
+    request = completion_request(serving.port, serving.keys["probe"])
 
     async def send_backlog() -> Counter[int]:
         answers: Counter[int] = Counter()
@@ -284,10 +265,10 @@ def rss_growth_mb(samples: list[tuple[float, int, float, float]], column: int) -
 def burst(serving: Serving, args: argparse.Namespace, capacity: float) -> dict[str, Any]:
     offered = args.multiple * capacity
     streams = [
-        ("flood", completion(serving.port, serving.keys["flood"]), 0.8 * offered, 32),
+        ("flood", completion_request(serving.port, serving.keys["flood"]), 0.8 * offered, 32),
         (
             "capped",
-            completion(serving.port, serving.keys["capped"], CAPPED_DEADLINE_S),
+            completion_request(serving.port, serving.keys["capped"], CAPPED_DEADLINE_S),
             0.2 * offered,
             8,
         ),
