@@ -120,6 +120,10 @@ class Network:
         """The bridge, up, with this namespace's address."""
         ip("link", "add", self.bridge, "type", "bridge")
         self._built = True
+        # Its own MAC, set: a bridge otherwise takes the lowest of its ports', so adding a host
+        # could change it under the neighbour entries the hosts before were given.
+        local_mac = "02:" + ":".join(f"{b:02x}" for b in uuid.uuid4().bytes[:5])
+        ip("link", "set", self.bridge, "address", local_mac)
         ip("addr", "add", f"{self.address}/{self.subnet.prefixlen}", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
 
