@@ -27,9 +27,9 @@ from llmqueue.models import PromptRequest
 from tests.conftest import REPO, SIMULATED, Seeded, database_url, settle, wait_until
 from tests.netns import Host, Network, require_namespaces
 from tests.reliability_record import record
-from tests.stack import Stack, kill, post, stack_fixture  # noqa: F401 (the stack fixture)
+from tests.stack import Stack, alive, kill, post, stack_fixture  # noqa: F401 (the stack fixture)
 from tests.test_crash_recovery import PRODUCTION, listen, published_for
-from workers.processes import free_port
+from workers.processes import free_port, listening
 
 pytestmark = pytest.mark.django_db(transaction=True)
 S = PromptRequest.Status
@@ -67,9 +67,11 @@ def reach_database(stack: Stack, address: str) -> str | None:
     port = free_port()
     relay = [sys.executable, "-m", "tests.tcp_relay", address, str(port)]
     relay += [parts.hostname or "127.0.0.1", str(parts.port or 5432)]
-    stack.spawn("db-relay", relay, cwd=REPO, ports=(port,))
-    user = f"{parts.username}@" if parts.username else ""
-    return parts._replace(netloc=f"{user}{address}:{port}").geturl()
+    process = stack.spawn("db-relay", relay, cwd=REPO, ports=(port,))
+    wait_until(lambda: alive(process, "relay") and listening(port, address), 15, "the relay")
+    credentials = parts.netloc.rpartition("@")[0]
+    netloc = f"{credentials}@{address}:{port}" if credentials else f"{address}:{port}"
+    return parts._replace(netloc=netloc).geturl()
 
 
 def running_on(node: str) -> set[uuid.UUID]:
