@@ -16,15 +16,29 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 import redis
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
+from redis.commands.core import Script
 
 log = logging.getLogger(__name__)
 HELD_PREFIX = "llmqueue:held"
+# Logged for an ack left undone because the message is no longer this worker's (QoS.ack).
+ACK_LEFT = "was requeued while this worker was cut off"
+# KEYS: the owner's held set, unacked index, unacked hash; ARGV: the delivery tag. Its unacked
+# entry is removed only while the tag is still in the owner's held set.
+_ACK_HELD = """
+if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  return 1
+end
+return 0
+"""
 # The worker node this process consumes as (set by the worker's runtime); None in the API.
 _owner: str | None = None
 
@@ -65,6 +79,30 @@ class QoS(kombu_redis.QoS):
             pipe.srem(held_key(_owner), delivery_tag)
         return pipe
 
+    def ack(self, delivery_tag: str) -> None:
+        """kombu's ack, unless the message is no longer this worker's. A worker cut off from
+        Redis for longer than the stale window was taken for dead: a live worker restored its
+        held messages and forgot its held set (celery_ext/rescue.py), and another worker holds
+        each now under the same delivery tag. The cut-off worker's late ack (its finish was
+        refused by the claim) must not take that holder's unacked entry away, or nothing would
+        restore the message if the holder died too. So the entry goes only while the tag is
+        still in this worker's held set, in one script."""
+        if _owner is None:
+            super().ack(delivery_tag)
+            return
+        keys = [held_key(_owner), self.unacked_index_key, self.unacked_key]
+        with self.channel.conn_or_acquire() as client:
+            held = self._ack_held(keys=keys, args=[delivery_tag], client=client)
+        if not held:
+            log.warning("message %s %s; its new holder acks it", delivery_tag, ACK_LEFT)
+        virtual.QoS.ack(self, delivery_tag)
+
+    @cached_property
+    def _ack_held(self) -> Script:
+        """The ack's script, sent as EVALSHA (loaded again if the server lost it)."""
+        with self.channel.conn_or_acquire() as client:
+            return client.register_script(_ACK_HELD)
+
     def restore_unacked(self, client: Any = None) -> None:
         """kombu puts back on their queues the messages this consumer holds when its channel
         closes. When the channel closes because the broker went away, that cannot work, and
@@ -89,7 +127,7 @@ class QoS(kombu_redis.QoS):
             self.restore_by_tag(delivery_tag, leftmost=False)
             virtual.QoS.ack(self, delivery_tag)
             return
-        super().reject(delivery_tag, requeue=False)
+        self.ack(delivery_tag)  # dropped: the same bookkeeping as an ack
 
     @contextmanager
     def pipe_or_acquire(self, pipe: Any = None, client: Any = None) -> Iterator[Any]:

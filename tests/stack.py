@@ -20,6 +20,7 @@ from django.conf import settings
 from contract import liveness
 from devtools.embedded_redis import redis_answers, server_argv, server_binary
 from tests.conftest import REPO, subprocess_env, wait_until
+from tests.netns import LOCAL, Host
 from workers import processes
 from workers.command import worker_argv
 from workers.options import SlotOptions
@@ -36,26 +37,37 @@ def alive(process: subprocess.Popen[bytes], name: str) -> bool:
 class Stack:
     """This test's own Redis server, API and workers. Each child leads its own process group, so
     `stop_all` reaches exactly what the test started (granian's worker process included), by
-    PID and process group (workers/processes.py), and waits until their ports are free."""
+    PID and process group (workers/processes.py), and waits until their ports are free.
+
+    Everything runs on this machine's loopback unless told otherwise: a partition test puts
+    Redis on a bridge address and the API and each worker in a host of its own (tests/netns.py),
+    with `database_url` the children's way to the database from there."""
 
     tmp: Path
     redis_port: int = field(default_factory=free_port)
     api_port: int = field(default_factory=free_port)
     started: list[processes.Child] = field(default_factory=list)
+    redis_host: Host = LOCAL
+    api_host: Host = LOCAL
+    database_url: str | None = None
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        return f"redis://{self.redis_host.address}:{self.redis_port}/0"
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
+        return f"http://{self.api_host.address}:{self.api_port}"
 
     def env(self) -> dict[str, str]:
-        return {**subprocess_env(), "REDIS_URL": self.redis_url}
+        env = {**subprocess_env(), "REDIS_URL": self.redis_url}
+        return env if self.database_url is None else env | {"DATABASE_URL": self.database_url}
 
-    def spawn(self, name: str, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        child = processes.start(name, argv, **kwargs)
+    def spawn(
+        self, name: str, argv: list[str], host: Host = LOCAL, **kwargs: Any
+    ) -> subprocess.Popen[bytes]:
+        """Start `argv` (in `host`'s network namespace, if it has one) as a child of the stack."""
+        child = processes.start(name, host.argv(argv), **kwargs)
         self.started.append(child)
         return child.popen
 
@@ -64,8 +76,12 @@ class Stack:
         demo's embedded server keeps it. `--save ""`: only the AOF carries data over."""
         data_dir = self.tmp / "redis"
         data_dir.mkdir(exist_ok=True)
-        argv = [*server_argv(server_binary(), self.redis_port, data_dir), "--save", "", *extra]
-        process = self.spawn("redis", argv, ports=(self.redis_port,))
+        argv = [*server_argv(server_binary(), self.redis_port, data_dir), "--save", ""]
+        # The last bind wins; on the namespaces' bridge, other hosts' clients are no threat.
+        argv += ["--bind", self.redis_host.address, *extra]
+        if self.redis_host != LOCAL:
+            argv += ["--protected-mode", "no"]
+        process = self.spawn("redis", argv, self.redis_host, ports=(self.redis_port,))
         wait_until(
             lambda: alive(process, "redis") and redis_answers(self.redis_url),
             15,
@@ -80,13 +96,21 @@ class Stack:
         thread: every call reuses the Redis connections the previous call kept. `extra`: more
         granian options."""
         argv = [
-            sys.executable, "-m", "granian", "--interface", "wsgi", "--host", "127.0.0.1",
-            "--port", str(self.api_port), "--workers", str(workers),
-            "--blocking-threads", str(threads),
+            sys.executable, "-m", "granian", "--interface", "wsgi",
+            "--host", self.api_host.address, "--port", str(self.api_port),
+            "--workers", str(workers), "--blocking-threads", str(threads),
             "--no-ws", "--log-level", "warning", *extra, "project.wsgi:application",
         ]  # fmt: skip
+        # Django answers 400 to a Host header it does not know: the API host's own address.
+        env = self.env() | {"ALLOWED_HOSTS": self.api_host.address}
         process = self.spawn(
-            "api", argv, cwd=REPO, env=self.env(), ports=(self.api_port,), inherit_output=True
+            "api",
+            argv,
+            self.api_host,
+            cwd=REPO,
+            env=env,
+            ports=(self.api_port,),
+            inherit_output=True,
         )
 
         def ready() -> bool:
@@ -99,10 +123,27 @@ class Stack:
         wait_until(ready, 30, "the API")
         return process
 
-    def start_worker(self, client: redis.Redis, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+    def start_worker(
+        self,
+        client: redis.Redis,
+        *args: str,
+        host: Host = LOCAL,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """A worker of pool "default" on `host`, its output to `log_path` if given, with the
+        settings `env` of its own; returns once it beats."""
         node = f"default-faults-{uuid.uuid4().hex[:6]}@localhost"
         argv = worker_argv(slots=SlotOptions(pool="default"), node=node, extra=args)
-        process = self.spawn(node, argv, cwd=REPO, env=self.env(), inherit_output=True)
+        process = self.spawn(
+            node,
+            argv,
+            host,
+            cwd=REPO,
+            env=self.env() | (env or {}),
+            log_path=log_path,
+            inherit_output=log_path is None,
+        )
 
         def ready() -> bool:
             alive(process, "worker")

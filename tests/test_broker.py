@@ -13,7 +13,8 @@ import redis
 from celery import states
 from celery.result import AsyncResult
 
-from celery_ext.broker import Channel
+from celery_ext import broker
+from celery_ext.broker import Channel, held_key
 from celery_ext.result_backend import LeanRedisBackend
 from contract.task import GENERATE_TASK
 from llmqueue.queueing.deadline_order import DEADLINE_HEADER
@@ -116,3 +117,28 @@ def test_batched_store_writes_what_store_result_writes(clean_redis: redis.Redis)
     assert batched == single
     assert AsyncResult("many", app=app).get(timeout=5) == {"text": "a"}
     assert AsyncResult("bad", app=app).state == states.FAILURE
+
+
+def test_an_ack_takes_no_unacked_entry_of_a_message_its_worker_no_longer_holds(
+    clean_redis: redis.Redis,
+):
+    # As after a partition: a rescuer took the cut-off worker for dead, restored its messages
+    # and forgot its held set; another worker holds "restored" now under the same tag.
+    broker.set_owner("cut-off@host")
+    try:
+        with app.connection_for_write() as connection:
+            qos = connection.default_channel.qos
+            for tag in ("mine", "restored"):
+                clean_redis.zadd(qos.unacked_index_key, {tag: 1.0})
+                clean_redis.hset(qos.unacked_key, tag, "[]")
+            clean_redis.sadd(held_key("cut-off@host"), "mine")
+            clean_redis.sadd(held_key("new-holder@host"), "restored")
+            qos.ack("mine")
+            qos.ack("restored")  # the late ack
+            qos.reject("restored", requeue=False)  # a drop is the same bookkeeping
+    finally:
+        broker.set_owner(None)
+    assert clean_redis.hkeys(qos.unacked_key) == [b"restored"]
+    assert clean_redis.zrange(qos.unacked_index_key, 0, -1) == [b"restored"]
+    assert clean_redis.smembers(held_key("new-holder@host")) == {b"restored"}
+    assert not clean_redis.exists(held_key("cut-off@host"))
