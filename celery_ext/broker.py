@@ -45,6 +45,21 @@ def set_owner(node: str | None) -> None:
     _owner = node
 
 
+# The delivery tags this process's consumer holds now (fetched, not yet acked or given back),
+# whichever channel fetched them: the held set in Redis can name more (an ack a promoted replica
+# never received, a dead predecessor's messages), and only these are still being worked on.
+_held_here: set[str] = set()
+
+
+def held_here() -> list[str]:
+    """The delivery tags this process holds now (celery_ext/rescue.py keeps them visible)."""
+    return list(_held_here)
+
+
+def _tag(delivery_tag: str | bytes) -> str:
+    return delivery_tag.decode() if isinstance(delivery_tag, bytes) else delivery_tag
+
+
 class QoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         """kombu's unacked bookkeeping of a fetch (index + hash), and the owner's held set, in
@@ -59,6 +74,8 @@ class QoS(kombu_redis.QoS):
                 # A node never rescued (no worker left alive) leaves no set forever.
                 pipe.expire(held_key(_owner), int(self.visibility_timeout) + 60)
             pipe.execute()
+        if _owner is not None:
+            _held_here.add(_tag(delivery_tag))
         virtual.QoS.append(self, message, delivery_tag)
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
@@ -66,6 +83,7 @@ class QoS(kombu_redis.QoS):
         pipe = super()._remove_from_indices(delivery_tag, pipe)
         if _owner is not None:
             pipe.srem(held_key(_owner), delivery_tag)
+            _held_here.discard(_tag(delivery_tag))
         return pipe
 
     def restore_unacked(self, client: Any = None) -> None:
