@@ -11,8 +11,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
 import httpx
 import pytest
@@ -114,20 +116,26 @@ def test_every_kind_of_client_follows_the_master_through_a_failover(
     channel = connection.default_channel
     assert isinstance(channel, SentinelChannel)
 
-    def write_all(tag: str) -> None:
-        own.set(f"own-{tag}", tag)
-        backend.store_many([(f"task-{tag}", {"ok": tag}, "SUCCESS")])
-        channel._put("default.batch", {"body": tag})  # kombu's publish: LPUSH on its client
-        channel._orphan_client().set(f"orphan-{tag}", tag)  # acks after Celery reconnected
+    def writes(tag: str) -> list[Callable[[], object]]:
+        return [
+            lambda: own.set(f"own-{tag}", tag),
+            lambda: backend.store_many([(f"task-{tag}", {"ok": tag}, "SUCCESS")]),
+            # kombu's publish: an LPUSH on the channel's client.
+            lambda: channel._put("default.batch", {"body": tag}),
+            # The client that acks what a worker held after Celery reconnected.
+            lambda: channel._orphan_client().set(f"orphan-{tag}", tag),
+        ]
 
-    write_all("before")
+    for write in writes("before"):
+        write()
     assert stack.server(stack.redis_port).get("own-before") == b"before"
     replica = stack.server(stack.replica_port)
     wait_until(lambda: replica.exists("orphan-before") == 1, 5, "replication")
     assert kill(master, signal.SIGKILL) == -signal.SIGKILL
     promoted(stack, 30)
     # The same client objects, not rebuilt: each asks the sentinels again after the lost server.
-    wait_until(lambda: _tries(write_all, "after"), 30, "every client to write to the new master")
+    for write in writes("after"):
+        wait_until(partial(_succeeds, write), 30, "each client to write to the new master")
     new_master = stack.server(stack.replica_port)
     assert info(new_master)["role"] == "master"
     assert new_master.get("own-after") == b"after"
@@ -147,9 +155,9 @@ def _answers(client: redis.Redis) -> bool:
         return False
 
 
-def _tries(write: object, tag: str) -> bool:
+def _succeeds(write: Callable[[], object]) -> bool:
     try:
-        write(tag)  # type: ignore[operator]
+        write()
     except (redis.ConnectionError, redis.TimeoutError, OSError):
         return False
     return True
