@@ -15,6 +15,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEME = "sentinel"
@@ -67,10 +69,12 @@ def sentinel_group(url: str) -> SentinelGroup:
 # down or cut off is then skipped for the next one instead of holding the caller.
 SENTINEL_TIMEOUT_SECONDS = 1.0
 # redis-py's options for the connections to the sentinels themselves (kombu's and Celery's
-# `sentinel_kwargs` transport option).
-SENTINEL_KWARGS = {
+# `sentinel_kwargs` transport option). No retries: the next sentinel is the retry. redis-py's
+# default (10, backing off up to 1 s) spent ~3.8 s on each dead sentinel before asking the next.
+SENTINEL_KWARGS: dict[str, Any] = {
     "socket_timeout": SENTINEL_TIMEOUT_SECONDS,
     "socket_connect_timeout": SENTINEL_TIMEOUT_SECONDS,
+    "retry": Retry(NoBackoff(), 0),
 }
 
 

@@ -55,9 +55,9 @@ class SentinelStack(Stack):
         """A client of the one server on `port` (no sentinel in between)."""
         return redis.Redis(port=port, socket_timeout=5)
 
-    def master_port(self) -> int:
-        """The master's port as the first sentinel answers it."""
-        sentinel = self.server(self.sentinel_ports[0])
+    def master_port(self, sentinel_index: int = 0) -> int:
+        """The master's port as the sentinel `sentinel_index` answers it."""
+        sentinel = self.server(self.sentinel_ports[sentinel_index])
         address: Any = sentinel.sentinel_get_master_addr_by_name(MASTER)
         return int(address[1])
 
