@@ -351,7 +351,9 @@ def test_a_failover_mid_load_loses_no_accepted_request(
     print(
         f"sentinel failover: {figures}, promoted after {promoted_s:.1f} s, answers {dict(codes)},"
         f" replica lacked {lacked} bytes, attempts {Counter(r.attempts for r in rows)},"
-        f" acks the replica lacked {ack_lost}, stored but not enqueued {len(unqueued)}"
+        f" acks the replica lacked {ack_lost}, stored but not enqueued {len(unqueued)},"
+        f" one SUCCESS seen for {sum(_successes(published)[i] == 1 for i in accepted)}"
+        f" (the listener is away while the master is)"
     )
     record("sentinel_failover", **figures)
 
