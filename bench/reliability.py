@@ -41,6 +41,8 @@ SCENARIOS = {
     "test_an_api_restarted_mid_load_loses_no_accepted_request[sighup]",
     "partition": "tests/test_partition.py::"
     "test_a_worker_host_cut_off_from_redis_is_recovered_elsewhere_and_its_late_finishes_refused",
+    "sentinel_failover": "tests/test_sentinel.py::"
+    "test_a_failover_mid_load_loses_no_accepted_request",
     "redis_data_loss": "tests/test_bulk_durability.py::"
     "test_a_batch_survives_a_redis_restart_mid_job[without-its-data]",
     "overload": "tests/test_overload.py::"

@@ -8,6 +8,8 @@ into a fresh dict each time: ~0.1 ms of GIL per call, three calls per request on
 event loop (measured with py-spy). A client object is thread-safe (connections come from the
 pool per command), so one per channel and pool does the same work. kombu is pinned in
 requirements.txt because this subclasses its internals; tests/test_broker.py checks them.
+`sentinel://` URLs (Redis Sentinel) get the same channel on kombu's sentinel pools
+(tests/test_sentinel.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from functools import cached_property
 from typing import Any
 
 import redis
+import redis.sentinel
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
@@ -56,6 +59,21 @@ def set_owner(node: str | None) -> None:
     _owner = node
 
 
+# The delivery tags this process's consumer holds now (fetched, not yet acked or given back),
+# whichever channel fetched them: the held set in Redis can name more (an ack a promoted replica
+# never received, a dead predecessor's messages), and only these are still being worked on.
+_held_here: set[str] = set()
+
+
+def held_here() -> list[str]:
+    """The delivery tags this process holds now (celery_ext/rescue.py keeps them visible)."""
+    return list(_held_here)
+
+
+def _tag(delivery_tag: str | bytes) -> str:
+    return delivery_tag.decode() if isinstance(delivery_tag, bytes) else delivery_tag
+
+
 class QoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         """kombu's unacked bookkeeping of a fetch (index + hash), and the owner's held set, in
@@ -70,6 +88,8 @@ class QoS(kombu_redis.QoS):
                 # A node never rescued (no worker left alive) leaves no set forever.
                 pipe.expire(held_key(_owner), int(self.visibility_timeout) + 60)
             pipe.execute()
+        if _owner is not None:
+            _held_here.add(_tag(delivery_tag))
         virtual.QoS.append(self, message, delivery_tag)
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
@@ -77,6 +97,7 @@ class QoS(kombu_redis.QoS):
         pipe = super()._remove_from_indices(delivery_tag, pipe)
         if _owner is not None:
             pipe.srem(held_key(_owner), delivery_tag)
+            _held_here.discard(_tag(delivery_tag))
         return pipe
 
     def ack(self, delivery_tag: str) -> None:
@@ -197,9 +218,38 @@ class Channel(kombu_redis.Channel):
     def _orphan_client(self) -> Any:
         client = self.__dict__.get("_orphan")
         if client is None:
-            pool = redis.ConnectionPool(**self._broker_params)
-            client = self.__dict__["_orphan"] = self.Client(connection_pool=pool)
+            client = self.__dict__["_orphan"] = self.Client(connection_pool=self._orphan_pool())
         return client
+
+    def _orphan_pool(self) -> Any:
+        return redis.ConnectionPool(**self._broker_params)
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The channel above on kombu's Redis Sentinel support (`sentinel://` broker URLs): kombu's
+    SentinelChannel builds the pools, which ask the sentinels for the current master, so a
+    worker follows a failover when Celery reconnects; the held sets, the head-first restore and
+    the client per channel are the channel's above, unchanged."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Where the sentinels are, kept for when kombu can no longer say (Channel._orphan_client).
+        default_port = self.connection.default_port
+        urls = [kombu_redis._parse_url(url) for url in self.connection.client.alt]
+        sentinels = [(u.hostname, u.port or default_port) for u in urls if u.scheme == "sentinel"]
+        self._sentinels = sentinels or [(self._broker_params["host"], self._broker_params["port"])]
+
+    def _orphan_pool(self) -> Any:
+        """A pool of the group's current master, as kombu's `_sentinel_managed_pool` builds it,
+        from the sentinels this channel was opened with."""
+        params = {k: v for k, v in self._broker_params.items() if k not in ("host", "port")}
+        sentinels = redis.sentinel.Sentinel(
+            self._sentinels,
+            min_other_sentinels=getattr(self, "min_other_sentinels", 0),
+            sentinel_kwargs=getattr(self, "sentinel_kwargs", None),
+            **params,
+        )
+        return sentinels.master_for(getattr(self, "master_name", None), redis.Redis).connection_pool
 
 
 class Transport(kombu_redis.Transport):
@@ -212,8 +262,17 @@ class Transport(kombu_redis.Transport):
         super()._deliver(message, queue)
 
 
+class SentinelTransport(Transport):
+    """`sentinel://` broker URLs (kombu's SentinelTransport's defaults) on the channel above."""
+
+    Channel = SentinelChannel
+    default_port: Any = kombu_redis.SentinelTransport.default_port
+
+
 def install() -> None:
-    """Make `redis://` broker URLs use this transport in this process. Registered under kombu's
-    own scheme, not a new one, so URLs keep saying `redis://` everywhere they are shown or
-    parsed again (Flower picks its queue-length reader by the broker URL's scheme)."""
+    """Make `redis://` and `sentinel://` broker URLs use these transports in this process.
+    Registered under kombu's own schemes, not new ones, so URLs keep saying `redis://` everywhere
+    they are shown or parsed again (Flower picks its queue-length reader by the broker URL's
+    scheme)."""
     TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"
+    TRANSPORT_ALIASES["sentinel"] = f"{__name__}:SentinelTransport"

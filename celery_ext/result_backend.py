@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import states
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
@@ -79,3 +79,10 @@ class LeanRedisBackend(RedisBackend):
             expires = self.failure_expires if state == states.FAILURE else self.expires
             pipe.set(key, value, ex=expires or None)
             pipe.publish(key, value)
+
+
+class LeanSentinelBackend(LeanRedisBackend, SentinelBackend):
+    """The backend above on Celery's Redis Sentinel support (`sentinel://` URLs, the group named
+    by the `master_name` result backend transport option): its client's pool asks the sentinels
+    for the current master, so a stored outcome follows a failover (Celery's `ensure` retries
+    a write that met the old master's death)."""

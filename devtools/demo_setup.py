@@ -52,7 +52,7 @@ def ensure_redis(children: list[Child]) -> None:
     url = settings.REDIS_URL
     data_dir = redis_data_dir(url)
     try:
-        child = start_embedded_redis(url, data_dir)
+        child = start_embedded_redis(url, data_dir, master=settings.REDIS_SENTINEL_MASTER)
     except EmbeddedRedisError as exc:
         raise DemoError(str(exc)) from exc
     if child is None:

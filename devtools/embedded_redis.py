@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from contract.redis_url import connect
 from workers import processes
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
@@ -30,10 +31,11 @@ def redact(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-def redis_answers(url: str, timeout_seconds: float = 0.5) -> bool:
-    """Whether a server at `url` answers PING within `timeout_seconds`."""
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=timeout_seconds, socket_timeout=timeout_seconds
+def redis_answers(url: str, timeout_seconds: float = 0.5, master: str = "") -> bool:
+    """Whether a server at `url` (with a `sentinel://` URL: the master the sentinels name
+    `master`) answers PING within `timeout_seconds`."""
+    client = connect(
+        url, master, socket_connect_timeout=timeout_seconds, socket_timeout=timeout_seconds
     )
     try:
         return bool(client.ping())
@@ -83,15 +85,16 @@ def server_argv(binary: Path, port: int, data_dir: Path) -> list[str]:
 
 
 def start_embedded_redis(
-    url: str, data_dir: Path, timeout_seconds: float = 15.0
+    url: str, data_dir: Path, timeout_seconds: float = 15.0, master: str = ""
 ) -> processes.Child | None:
-    """Start a server on `url`'s port unless one answers there already (then return None).
+    """Start a server on `url`'s port unless one answers there already (then return None; a
+    Sentinel group's `master` is only ever checked, never started).
 
     The caller owns the returned process and must stop it (workers.processes.stop). Raises
     EmbeddedRedisError when the URL is not local, no binary exists, or the server does not come
     up.
     """
-    if redis_answers(url):
+    if redis_answers(url, master=master):
         return None
     port = local_port(url)
     if port is None:

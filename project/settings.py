@@ -7,6 +7,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from contract.redis_url import SENTINEL_KWARGS, is_sentinel, sentinel_group
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything the project generates at run time (SQLite file, embedded Redis data, tiny model).
 STATE_DIR = BASE_DIR / ".llmqueue"
@@ -147,11 +149,29 @@ Off: prompts and outputs are the tenants' data and logs travel further than the 
 
 # --- Redis: broker, result backend and llmqueue's own keys (heartbeats) -----------------------
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+"""One server (`redis://host:port/db`), or a Redis Sentinel group: its sentinels, `;`-separated,
+`sentinel://host:port/db;sentinel://host:port/db` (contract/redis_url.py). With sentinels every
+client (broker, result backend, admission, heartbeats) follows the master through a failover."""
+REDIS_SENTINEL_MASTER = env.str("REDIS_SENTINEL_MASTER", default="")
+"""The name the sentinels know the master by (`sentinel monitor <name> …`); required with a
+`sentinel://` REDIS_URL, unused with `redis://`."""
+REDIS_SENTINEL = is_sentinel(REDIS_URL)
+if REDIS_SENTINEL:
+    if not REDIS_SENTINEL_MASTER:
+        raise ImproperlyConfigured(
+            "REDIS_URL lists sentinels (sentinel://…) but REDIS_SENTINEL_MASTER is not set: "
+            "set it to the name the sentinels monitor the master by."
+        )
+    # The database and password on every sentinel's URL: kombu reads them from the one it
+    # connects through, Celery's backend from the first.
+    REDIS_URL = sentinel_group(REDIS_URL).url
 
 # --- Celery (read by project/celery.py with namespace CELERY) --------------------------------
 CELERY_BROKER_URL = REDIS_URL
-# Celery's Redis backend without its read-before-write (celery_ext/result_backend.py).
-CELERY_RESULT_BACKEND = f"celery_ext.result_backend:LeanRedisBackend+{REDIS_URL}"
+# Celery's Redis backend without its read-before-write (celery_ext/result_backend.py); its
+# sentinel variant when REDIS_URL lists sentinels.
+_BACKEND = "LeanSentinelBackend" if REDIS_SENTINEL else "LeanRedisBackend"
+CELERY_RESULT_BACKEND = f"celery_ext.result_backend:{_BACKEND}+{REDIS_URL}"
 # Said outright: Celery otherwise looks the timezone up through every settings layer again for
 # every message it receives (~14% of the worker's per-message CPU, measured with py-spy).
 CELERY_TIMEZONE = "UTC"
@@ -188,6 +208,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # (workers/queue_order.py, through celery_ext/queue_cycle.py); kombu's round robin elsewhere.
     "queue_order_strategy": "celery_ext.queue_cycle:TierCycle",
 }
+if REDIS_SENTINEL:
+    # kombu's and Celery's sentinel support: which group, and short timeouts towards the
+    # sentinels themselves, so a dead sentinel is skipped for the next one (contract/redis_url.py).
+    _SENTINEL_OPTIONS = {"master_name": REDIS_SENTINEL_MASTER, "sentinel_kwargs": SENTINEL_KWARGS}
+    CELERY_BROKER_TRANSPORT_OPTIONS |= _SENTINEL_OPTIONS
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = dict(_SENTINEL_OPTIONS)
 CELERY_RESULT_EXPIRES = env.int("LLMQUEUE_RESULT_TTL_SECONDS", default=24 * 3600)
 """Seconds a result stays in the Redis result backend; the DB row keeps the outcome after."""
 

@@ -16,8 +16,10 @@ import redis
 from django.conf import settings
 
 from celery_ext.broker import held_key
+from celery_ext.rescue import keep_visible
 from contract import liveness
 from llmqueue.models import PromptRequest
+from project.celery import app
 from tests.conftest import Seeded, WorkerFactory, settle, wait_until
 from tests.reliability_record import record
 from tests.test_redelivery import MAX_TOKENS, SLOW_WORKER, count_published_results
@@ -188,3 +190,20 @@ def test_a_worker_restarted_under_the_same_name_requeues_what_its_predecessor_he
         assert (row.worker, row.attempts, row.worker_losses) == (restarted.node, 2, 1)
         assert published[f"{row.id}:SUCCESS"] == 1
     assert published_for(published, ids) == 4
+
+
+def test_a_worker_keeps_visible_only_the_messages_it_still_holds(clean_redis: redis.Redis):
+    # Its held set names a message whose ack a Redis failover lost (still in `unacked` on the
+    # new master): re-dated with every beat it would stay unacked as long as the worker lives;
+    # left to age, kombu restores it after the visibility timeout and the claim drops it.
+    with app.connection_for_write() as connection:
+        qos = connection.default_channel.qos
+        node = "default-unit@localhost"
+        clean_redis.sadd(held_key(node), "running", "ack-lost", "acked")
+        clean_redis.hset(qos.unacked_key, mapping={"running": "m", "ack-lost": "m"})
+        clean_redis.zadd(qos.unacked_index_key, {"running": 1.0, "ack-lost": 1.0})
+        assert keep_visible(clean_redis, node, qos, ["running"], now=100.0) == 1
+        assert clean_redis.zscore(qos.unacked_index_key, "running") == 100.0
+        assert clean_redis.zscore(qos.unacked_index_key, "ack-lost") == 1.0
+        # A tag acked without leaving the set (a crash between the two) leaves it.
+        assert clean_redis.smembers(held_key(node)) == {b"running", b"ack-lost"}

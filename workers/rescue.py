@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from celery_ext import rescue
+from celery_ext import broker, rescue
 from contract import liveness
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class Rescuer:
 
     def __call__(self) -> None:
         qos = self._qos()
-        rescue.keep_visible(self.client, self.node, qos)
+        rescue.keep_visible(self.client, self.node, qos, broker.held_here())
         for pool, dead in liveness.stale_workers(self.client, self.stale_seconds):
             if dead == self.node:
                 continue  # our own beat late (a stalled process): never rescue ourselves

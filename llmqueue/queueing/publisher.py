@@ -16,6 +16,7 @@ import redis
 from django.conf import settings
 
 from celery_ext import message
+from contract.redis_url import connect
 from contract.task import GENERATE_IGNORE_RESULT
 from llmqueue.queueing.deadline_order import insert_by_deadline, stamp
 from llmqueue.queueing.publishing import clear
@@ -24,7 +25,7 @@ from project.celery import app
 
 @cache
 def _broker() -> redis.Redis:
-    return redis.Redis.from_url(app.conf.broker_url)
+    return connect(app.conf.broker_url, settings.REDIS_SENTINEL_MASTER)
 
 
 def task_envelope(
