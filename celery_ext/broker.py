@@ -114,6 +114,9 @@ class QoS(kombu_redis.QoS):
         keys = [held_key(_owner), self.unacked_index_key, self.unacked_key]
         with self.channel.conn_or_acquire() as client:
             held = self._ack_held(keys=keys, args=[delivery_tag], client=client)
+        # Done with here either way: keep_visible must stop dating it (an ack a promoted
+        # replica never got leaves its entry, which only ages out if no one keeps it fresh).
+        _held_here.discard(_tag(delivery_tag))
         if not held:
             log.warning("message %s %s; its new holder acks it", delivery_tag, ACK_LEFT)
         virtual.QoS.ack(self, delivery_tag)
