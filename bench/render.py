@@ -236,7 +236,7 @@ The real stack (granian API, 2 processes × 8 threads; one `workers.serve` with 
 engine at real speed, 8 sequences; the tier's depth cap 16, max wait 20 s). Capacity is measured
 first by draining a backlog; then, open loop over keep-alive pools for the burst's length, 80 %
 of 10× capacity from a tenant with no rate limit (its queue fills to the cap, the rest is 503)
-and 20 % from one limited to half the capacity with 2 s deadlines (429s, 503
+and 20 % from one limited to an eighth of the capacity with 2 s deadlines (429s, 503
 `deadline_unreachable`), while 50 GETs/s of `/health` (a Django view doing one Redis PING on the
 same server) measure the floor of the machine under the same load. A latency counts from the
 request's scheduled send. Every 0.1 s the queue's length and the API's and worker's RSS are
