@@ -241,9 +241,26 @@ class InteractiveLoad:
             self.thread.join()
 
 
-def first_token_waits_ms(timeline: dict[str, dict[str, Any]], ids: list[str]) -> list[float]:
+def first_token_waits_ms(
+    timeline: dict[str, dict[str, Any]], ids: list[str], start: str = "enqueued"
+) -> list[float]:
+    """Each request's wait in ms from `start` (its enqueue, or "started": its claim) to its
+    first token."""
     rows = [timeline[i] for i in ids if i in timeline]
-    return [1000 * (r["first_token"] - r["enqueued"]) for r in rows if r["first_token"]]
+    return [1000 * (r["first_token"] - r[start]) for r in rows if r["first_token"] and r[start]]
+
+
+def wait_split_ms(timeline: dict[str, dict[str, Any]], ids: list[str]) -> dict[str, float]:
+    """p50 and p99 of the wait's two parts: enqueue → claim (the message in Redis, Celery's
+    fetch, the claim's DB write) and claim → first token (the engine: parked, waiting, prefill)."""
+    total = first_token_waits_ms(timeline, ids)
+    engine = first_token_waits_ms(timeline, ids, start="started")
+    rows = [timeline[i] for i in ids if i in timeline and timeline[i]["started"]]
+    fetch = [1000 * (r["started"] - r["enqueued"]) for r in rows]
+    return {f"{name}_p{q}": round(percentile(values, q), 1)
+            for name, values in (("total", total), ("enqueue_to_claim", fetch),
+                                 ("claim_to_first_token", engine))
+            for q in (50, 99)}  # fmt: skip
 
 
 def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
@@ -292,6 +309,8 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
             "interactive_p99_during_vs_idle": round(p99_busy / p99_idle, 2),
             "interactive_p50_ms_idle": round(percentile(idle_ms, 50), 1),
             "interactive_p50_ms_during_bulk": round(percentile(busy_ms, 50), 1),
+            "interactive_wait_split_ms": {"idle": wait_split_ms(timeline, idle.ids),
+                                          "during_bulk": wait_split_ms(timeline, busy.ids)},
             "interactive_requests": {"idle": len(idle_ms), "during_bulk": len(busy_ms),
                                      "refused": idle.refused + busy.refused},
             "engine": engine_flags(args),
@@ -375,11 +394,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fair-delay", type=float, default=10.0)
     parser.add_argument("--phases", default="enqueue,vllm,fairness")
     parser.add_argument("--model-path", default="")
+    parser.add_argument(
+        "--bulk-reserve",
+        type=int,
+        default=0,
+        help="the vLLM worker's --bulk-reserve (0: none, its default; -1: max-num-seqs)",
+    )
     parser.add_argument("--out", default=str(harness.RESULTS / "bulk.json"))
     args = parser.parse_args(argv)
     # What bench.throughput's worker and direct child read.
     args.prompts, args.slots, args.engine_core = args.job_lines, 0, "thread"
-    args.stack_cpu_threads, args.bulk_reserve = 0, 0
+    args.stack_cpu_threads = 0
     return args
 
 
