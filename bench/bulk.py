@@ -40,11 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
 from bench import harness
 from bench.latency import busy_cores, cpu_per_request, cpu_snapshot, percentile
 from bench.throughput import DirectRunner, engine_flags, prompts, task_slots
 from bench.throughput import worker_argv as vllm_worker_argv
+from contract.liveness import worker_stats
 
 HOST = "127.0.0.1"
 REDIS_DB = 9
@@ -269,7 +271,8 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
     phase = Phase("vllm", tenants, model=VLLM_MODEL, pool=VLLM_POOL, max_tokens=args.max_tokens)
     direct = None
     try:
-        phase.start("worker", vllm_worker_argv(args), harness.RESULTS / "bulk-vllm-worker.log")
+        argv = vllm_worker_argv(args) + (["--step-log", args.step_log] if args.step_log else [])
+        phase.start("worker", argv, harness.RESULTS / "bulk-vllm-worker.log")
         harness.wait_for_workers(phase.redis_url, VLLM_POOL, 1, phase.started, 600)
         phase.start_pacer("vllm")
         direct = DirectRunner(args)
@@ -279,7 +282,8 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
         phase.wait_completed("bulk", phase.submit("bulk", warm), 600)
         idle = InteractiveLoad(phase)
         idle.during(lambda: time.sleep(args.interactive_seconds))
-        direct_s = direct.run()["direct_s"]
+        direct_run = direct.run()
+        direct_s, direct_steps = direct_run["direct_s"], direct_run["direct_steps"]
         lines = [completion_line(f"line-{i}", VLLM_MODEL, p, args.max_tokens)
                  for i, p in enumerate(prompts(args.job_lines))]  # fmt: skip
         busy = InteractiveLoad(phase)
@@ -290,9 +294,11 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
             phase.wait_completed("bulk", batch_id, 1800, poll_s=1.0)
             return phase.completed_at(batch_id) - start
 
+        steps_before = engine_steps(phase.redis_url, time.time())
         cpu_before = cpu_snapshot(phase.started, phase.redis_url)
         job_s = busy.during(job)
         cpu_after = cpu_snapshot(phase.started, phase.redis_url)
+        job_steps = engine_steps(phase.redis_url, time.time()) - steps_before
         timeline = harness.request_timeline(phase.env)
         idle_ms = first_token_waits_ms(timeline, idle.ids)
         busy_ms = first_token_waits_ms(timeline, busy.ids)
@@ -300,6 +306,9 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "job_lines": args.job_lines, "max_tokens": args.max_tokens,
             "direct_s": direct_s, "job_s": job_s, "ratio": direct_s / job_s,
+            # Engine steps for the job (and the interactive requests during it) and for the
+            # direct run: the part of the ratio that machine noise does not move.
+            "job_steps": job_steps, "direct_steps": direct_steps,
             # Where the machine's CPU went during the job, per line: every ms outside the worker's
             # engine is taken from it on these 2 cores (the pacer, the API, this client's polls).
             "cpu_ms_per_line": cpu_per_request(cpu_before, cpu_after, args.job_lines),
@@ -319,6 +328,21 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
         if direct is not None:
             direct.close()
         phase.close()
+
+
+def engine_steps(redis_url: str, after: float, timeout_s: float = 30.0) -> int:
+    """The vLLM worker's engine steps as of its first beat after `after`."""
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            stats = worker_stats(client, VLLM_POOL)
+            if stats and min(s["at"] for s in stats.values()) > after:
+                return sum(int(s["engine"]["steps"]) for s in stats.values())
+            time.sleep(0.1)
+    finally:
+        client.close()
+    raise RuntimeError("the vLLM worker published no counters; is it beating?")
 
 
 def service_gap(
@@ -399,6 +423,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=0,
         help="the vLLM worker's --bulk-reserve (0: none, its default; -1: max-num-seqs)",
+    )
+    parser.add_argument(
+        "--bulk-joins-per-step",
+        type=int,
+        default=0,
+        help="the worker's --bulk-joins-per-step (0: its default, max-num-seqs / 8; -1: no limit)",
+    )
+    parser.add_argument(
+        "--step-log",
+        default="",
+        help="the vLLM worker's --step-log: one line per engine step (its times, requests "
+        "running, joined and finished), to see where the job's time went",
     )
     parser.add_argument("--out", default=str(harness.RESULTS / "bulk.json"))
     args = parser.parse_args(argv)

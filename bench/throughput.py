@@ -89,7 +89,11 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         **engine_flags(args),
     )
     slots = options.SlotOptions(
-        pool=POOL, slots=args.slots, loglevel="WARNING", bulk_reserve=args.bulk_reserve
+        pool=POOL,
+        slots=args.slots,
+        loglevel="WARNING",
+        bulk_reserve=args.bulk_reserve,
+        bulk_joins_per_step=args.bulk_joins_per_step,
     )
     return command.worker_argv(engine, slots)
 
@@ -422,6 +426,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the worker's --bulk-reserve (0: none, its default; -1: max-num-seqs)",
     )
     parser.add_argument(
+        "--bulk-joins-per-step",
+        type=int,
+        default=0,
+        help="the worker's --bulk-joins-per-step (0: its default, max-num-seqs / 8; -1: no limit)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=5, help="interleaved direct/stack rounds (medians kept)"
     )
     parser.add_argument(
@@ -498,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         "by_chunk_size": by_chunk,
         "slots": task_slots(args),
         "bulk_reserve": options.bulk_reserve(args.bulk_reserve, args.max_num_seqs, "ours"),
+        "bulk_joins_per_step": options.joins_per_step(args.bulk_joins_per_step, args.max_num_seqs),
         "stack_cpu_threads": args.stack_cpu_threads,
         "stack_env": args.stack_env,
         "direct_steps": statistics.median(r["direct_steps"] for r in rounds),

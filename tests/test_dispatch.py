@@ -28,10 +28,11 @@ from workers.engine_budget import (
     default_token_budget,
     estimated_tokens,
     guaranteed_requests,
+    joins_engine,
     tier_request_cap,
     tier_token_cap,
 )
-from workers.options import SlotOptions, bulk_reserve
+from workers.options import SlotOptions, bulk_reserve, joins_per_step
 from workers.queue_order import Dispatcher
 
 INTER, BATCH = "default.interactive", "default.batch"
@@ -158,6 +159,19 @@ def test_under_a_heavy_urgent_load_a_capped_tier_leaves_its_shares_rest_free():
     assert budget.joins_engine(BATCH, 11, 10, 0.75, urgent=[INTER])
     assert not budget.joins_engine(BATCH, 12, 11, 0.75, urgent=[INTER])  # 4 stay free
     assert budget.joins_engine(BATCH, 14, 1, 0.75, 2, urgent=[INTER])  # its guaranteed share
+
+
+def test_a_capped_tier_joins_at_most_its_joins_per_step_in_one_step():
+    limits = EngineLimits(16, task_slots=32, token_budget=100_000, joins_per_step=2)
+    assert joins_engine(0, 0, 0.75, 1, limits, None, tier_joined=1)
+    assert not joins_engine(0, 0, 0.75, 1, limits, None, tier_joined=2)  # the next step's
+    assert not joins_engine(0, 0, 0.75, 4, limits, None, tier_joined=2)  # its guarantee too
+    assert joins_engine(0, 0, 1.0, 1, limits, None, tier_joined=9)  # uncapped: no spread
+    assert joins_engine(0, 0, 0.75, 1, LIMITS, None, tier_joined=99)  # 0: no limit
+    assert joins_per_step(0, 64) == 8  # an empty engine fills over 8 steps
+    assert joins_per_step(0, 4) == 1
+    assert joins_per_step(3, 64) == 3
+    assert joins_per_step(-1, 64) == 0
 
 
 def test_recent_peak_forgets_what_is_older_than_its_window_but_not_what_is_held_now():
@@ -319,6 +333,11 @@ def test_dispatcher_parks_a_capped_tiers_request_while_the_engine_holds_the_head
     assert not d.may_start(batch, 3, 3)  # the 4th sequence stays interactive's
     assert d.may_start(GenerationRequest("i", lane=INTER), 4, 0)
     assert d.may_start(GenerationRequest("x"), 4, 4)  # started by its task, not at delivery
+    spread = dispatcher(
+        limits=EngineLimits(4, task_slots=8, token_budget=100_000, joins_per_step=1)
+    )
+    spread.order([INTER, BATCH])
+    assert spread.may_start(batch, 0, 0, 0) and not spread.may_start(batch, 1, 1, 1)
     assert dispatcher(DispatchMode.STRICT).may_start(batch, 16, 16)  # baselines park nothing
 
 

@@ -91,12 +91,16 @@ def test_the_step_log_has_every_step_and_its_end_time_only_when_asked(tmp_path):
         logged.close()
     assert quiet._step_log is None
     lines = [line.split() for line in path.read_text().splitlines()]
-    assert [int(number) for number, _, _ in lines] == list(range(1, logged.steps + 1))
-    times = [float(t) for _, started, ended in lines for t in (started, ended)]
+    assert [int(line[0]) for line in lines] == list(range(1, logged.steps + 1))
+    times = [float(t) for _, started, ended, *_ in lines for t in (started, ended)]
     assert times == sorted(times)  # each step starts after the previous one ended
     ends = times[1::2]
     # A result's first_token_at is the logged end of its first token's step.
     assert result.first_token_at == pytest.approx(ends[result.first_token_step - 1], abs=1e-6)
+    # Then each step's requests: running, joined just before it, finished in it (r, then s).
+    counts = [tuple(int(n) for n in line[3:]) for line in lines]
+    r_steps = [(1, 1, 0), (1, 0, 0), (1, 0, 0), (1, 0, 0), (1, 0, 1)]  # 5 tokens
+    assert counts == [*r_steps, (1, 1, 0), (1, 0, 0), (1, 0, 1)]  # s: 3 tokens
 
 
 def test_an_urgent_arrival_waits_for_prefill_under_way_not_for_every_queued_request():
@@ -177,7 +181,7 @@ def test_admission_parks_a_refused_request_until_the_engine_has_room_for_it():
         SimulatedConfig(max_num_seqs=4, step_time=StepTimeModel(time_scale=0)), start=False
     )
     # Batch may hold 3 of the 4 sequences; interactive always joins.
-    engine.admission = lambda request, in_engine, _: request.lane != "batch" or in_engine < 3
+    engine.admission = lambda request, in_engine, *_: request.lane != "batch" or in_engine < 3
     joined: dict[str, int] = {}
     add = engine._add
 
@@ -211,3 +215,38 @@ def test_admission_parks_a_refused_request_until_the_engine_has_room_for_it():
     assert joined == {"b1": 0, "b2": 0, "b3": 0, "i1": 0, "b4": 2}  # b4 once the first ended
     assert all(futures[n].result(0).completion_tokens == 2 for n in ("b1", "b2", "b3", "b4", "i1"))
     assert engine.stats()["parked"] == 0 and engine.stats()["in_engine"] == 0
+
+
+def test_the_engine_counts_each_lanes_joins_since_the_last_step_for_its_admission():
+    from concurrent.futures import Future
+
+    engine = SimulatedEngine(
+        SimulatedConfig(max_num_seqs=8, step_time=StepTimeModel(time_scale=0)), start=False
+    )
+    # Batch: at most 2 joins per step; interactive: no limit.
+    engine.admission = lambda request, _in, _lane, joined: request.lane != "batch" or joined < 2
+    joined: dict[str, int] = {}
+    add = engine._add
+
+    def add_and_note(request: GenerationRequest) -> None:
+        joined[request.request_id] = engine.steps
+        add(request)
+
+    engine._add = add_and_note  # type: ignore[method-assign]
+    futures: list[Future] = []
+    for name, lane in [*((f"b{i}", "batch") for i in range(5)), ("i1", "interactive")]:
+        futures.append(Future())
+        request = GenerationRequest(name, prompt="abcd", max_tokens=4, priority=6, lane=lane)
+        engine._arrive(request, futures[-1])
+    assert engine.stats()["in_engine"] == 3 and engine.stats()["parked"] == 3
+    while engine._has_work() or engine._parked:
+        engine._start_parked()
+        engine._joined.clear()  # as the loop does before each step
+        for result in engine._step():
+            future = engine._forget(result.request_id)
+            assert future is not None
+            future.set_result(result)
+        engine.steps += 1
+    # Two batch joins a step, in arrival order; interactive's join is not counted against it.
+    assert joined == {"b0": 0, "b1": 0, "i1": 0, "b2": 1, "b3": 1, "b4": 2}
+    assert all(f.result(0).completion_tokens == 4 for f in futures)

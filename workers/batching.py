@@ -25,9 +25,10 @@ _IDLE_POLL_SECONDS = 0.5
 _STEP_CLOCK_SIZE = 65536
 _Arrival = tuple[GenerationRequest, Future[GenerationResult]]
 _Abort = str  # the id of a submitted request to drop
-# May this request join the engine now? Given the request, how many requests the engine holds
-# and how many of them came from the request's lane (see ContinuousEngine.admission).
-Admission = Callable[[GenerationRequest, int, int], bool]
+# May this request join the engine now? Given the request, how many requests the engine holds,
+# how many of them came from the request's lane, and how many of those joined since the last
+# step (see ContinuousEngine.admission).
+Admission = Callable[[GenerationRequest, int, int, int], bool]
 
 
 class RequestAborted(Exception):
@@ -70,6 +71,7 @@ class ContinuousEngine:
         self.admission: Admission | None = None
         self._lanes: Counter[str] = Counter()  # requests in the engine per lane
         self._lane_of: dict[str, str] = {}
+        self._joined: Counter[str] = Counter()  # requests that joined per lane since the last step
         self._parked: dict[str, _Arrival] = {}
         self._parked_order: list[tuple[int, int, str]] = []  # heap of (priority, seq, id)
         self._parked_lanes: Counter[str] = Counter()
@@ -125,11 +127,12 @@ class ContinuousEngine:
         }
 
     def log_steps(self, path: str) -> None:
-        """From now on append one line per engine step to `path`: the step's number and the
+        """From now on append one line per engine step to `path`: the step's number, the
         wall-clock times it started and ended (time.time(), the clock of `first_token_at`), so a
-        benchmark can count the steps between two instants (bench/headroom.py). Line-buffered:
-        readable while the worker runs, and a killed worker loses no finished line. Off unless
-        called."""
+        benchmark can count the steps between two instants (bench/headroom.py), then how many
+        requests the step ran, how many of them joined just before it and how many finished.
+        Line-buffered: readable while the worker runs, and a killed worker loses no finished
+        line. Off unless called."""
         self._step_log = open(path, "a", buffering=1, encoding="ascii")  # noqa: SIM115
 
     def close(self) -> None:
@@ -195,7 +198,8 @@ class ContinuousEngine:
         if admission is None:
             return True
         try:
-            return admission(request, len(self._futures), self._lanes[request.lane])
+            lane = request.lane
+            return admission(request, len(self._futures), self._lanes[lane], self._joined[lane])
         except Exception:  # the engine loop must keep stepping: let it in
             log.exception("engine admission failed for %s; admitting it", request.request_id)
             return True
@@ -208,6 +212,7 @@ class ContinuousEngine:
         else:
             self._futures[request.request_id] = future
             self._lanes[request.lane] += 1
+            self._joined[request.lane] += 1
             self._lane_of[request.request_id] = request.lane
             self.submitted += 1
 
@@ -268,6 +273,8 @@ class ContinuousEngine:
                 break
             if not self._has_work():
                 continue
+            joined, running = sum(self._joined.values()), len(self._futures)
+            self._joined.clear()  # this step takes every join so far
             started = 0.0 if self._step_log is None else time.time()
             try:
                 finished = self._step()
@@ -279,7 +286,9 @@ class ContinuousEngine:
             ended = time.time()
             self._step_ended[self.steps % _STEP_CLOCK_SIZE] = ended
             if self._step_log is not None:
-                self._step_log.write(f"{self.steps} {started:.6f} {ended:.6f}\n")
+                self._step_log.write(
+                    f"{self.steps} {started:.6f} {ended:.6f} {running} {joined} {len(finished)}\n"
+                )
             for result in finished:
                 future = self._forget(result.request_id)
                 if future is not None:

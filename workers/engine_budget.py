@@ -41,6 +41,7 @@ class EngineLimits:
     task_slots: int  # every task slot, the bulk reserve included
     token_budget: int
     reserve: int = 0  # of the task slots, those only capped tiers may hold (parked)
+    joins_per_step: int = 0  # a capped tier's requests joining the engine per step (0: any)
 
 
 def default_token_budget(max_num_seqs: int, typical_request_tokens: int) -> int:
@@ -131,14 +132,19 @@ def joins_engine(
     guaranteed: int,
     limits: EngineLimits,
     urgent_spare: int | None = 0,
+    tier_joined: int = 0,
 ) -> bool:
     """May a delivered request of this tier join the engine now, given how many requests the
-    engine holds (`in_engine`) and how many of them are this tier's? A capped tier's request
-    joins only while the engine leaves the more urgent tiers' headroom free (or the tier holds
-    less than its guaranteed share); vLLM would otherwise fill a freed slot from its own waiting
-    queue, whoever it was kept for."""
+    engine holds (`in_engine`), how many of them are this tier's and how many of those joined
+    since the last step (`tier_joined`)? A capped tier's request joins only while the engine
+    leaves the more urgent tiers' headroom free (or the tier holds less than its guaranteed
+    share); vLLM would otherwise fill a freed slot from its own waiting queue, whoever it was
+    kept for. And at most `limits.joins_per_step` of them join in one step (see
+    `joins_per_step`)."""
     if share >= 1.0:
         return True
+    if limits.joins_per_step and tier_joined >= limits.joins_per_step:
+        return False
     line = limits.max_num_seqs - headroom(share, limits, urgent_spare)
     return in_engine < line or tier_in_engine < min(guaranteed, tier_request_cap(share, limits))
 
@@ -277,12 +283,15 @@ class EngineBudget:
         share: float,
         guaranteed: int = 1,
         urgent: Iterable[str] = (),
+        tier_joined: int = 0,
     ) -> bool:
         """May a delivered request of `queue`'s tier join the engine now (`joins_engine`)?"""
         with self._lock:
             urgent = list(urgent)
             spare = sum(self._spare(q) for q in urgent) if urgent else None
-        return joins_engine(in_engine, tier_in_engine, share, guaranteed, self.limits, spare)
+        return joins_engine(
+            in_engine, tier_in_engine, share, guaranteed, self.limits, spare, tier_joined
+        )
 
     def _spare(self, queue: str) -> int:
         peak = self._peaks.get(queue)

@@ -113,9 +113,12 @@ class Dispatcher:
         tier = self.tier(queue)
         return [q for q in self._queues if self.tier(q).priority < tier.priority]
 
-    def may_start(self, request: GenerationRequest, in_engine: int, tier_in_engine: int) -> bool:
+    def may_start(
+        self, request: GenerationRequest, in_engine: int, tier_in_engine: int, tier_joined: int = 0
+    ) -> bool:
         """The engine's admission (workers.batching.Admission): a capped tier's delivered request
-        joins the engine only while that leaves the more urgent tiers' headroom free."""
+        joins the engine only while that leaves the more urgent tiers' headroom free, and only
+        so many of them per step."""
         if not self.enforces_budget or not request.lane:
             return True
         tier = self.tier(request.lane)
@@ -126,6 +129,7 @@ class Dispatcher:
             tier.max_engine_share,
             self._guaranteed.get(tier.name, 1),
             self._urgent(request.lane),
+            tier_joined,
         )
 
     def held_back(self, queues: Sequence[str]) -> bool:

@@ -126,7 +126,12 @@ class WorkerRuntime:
 
 
 def build_dispatcher(
-    mode: DispatchMode, max_num_seqs: int, slots: int, token_budget: int, reserve: int = 0
+    mode: DispatchMode,
+    max_num_seqs: int,
+    slots: int,
+    token_budget: int,
+    reserve: int = 0,
+    joins_per_step: int = 0,
 ) -> Dispatcher:
     """The worker's dispatcher (workers/queue_order.py) with the tiers as they are now."""
     budget = token_budget or default_token_budget(
@@ -134,7 +139,7 @@ def build_dispatcher(
     )
     dispatcher = Dispatcher(
         mode,
-        EngineLimits(max_num_seqs, slots + reserve, budget, reserve),
+        EngineLimits(max_num_seqs, slots + reserve, budget, reserve, joins_per_step),
         settings.LLMQUEUE_BYTES_PER_TOKEN,
         settings.LLMQUEUE_HEADROOM_WINDOW_SECONDS,
     )

@@ -25,6 +25,7 @@ from workers.options import (
     add_slot_arguments,
     bulk_reserve,
     engine_options,
+    joins_per_step,
     slot_options,
     task_slots,
 )
@@ -120,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     slots = task_slots(slot_opts.slots, engine_opts.max_num_seqs)
     reserve = bulk_reserve(slot_opts.bulk_reserve, engine_opts.max_num_seqs, slot_opts.dispatch)
     mode = DispatchMode(slot_opts.dispatch)
+    joins = joins_per_step(slot_opts.bulk_joins_per_step, engine_opts.max_num_seqs)
     dispatcher = runtime.build_dispatcher(
-        mode, engine_opts.max_num_seqs, slots, slot_opts.token_budget, reserve
+        mode, engine_opts.max_num_seqs, slots, slot_opts.token_budget, reserve, joins
     )
     # --queues: exactly those, as told; else the pool's tier queues as tiers come and go.
     info = {"engine": engine_opts.kind, "model": engine_opts.model}
