@@ -514,6 +514,7 @@ def metrics_overhead_tables(data: dict[str, Any]) -> list[str]:
 
 def bulk_tables(data: dict[str, Any]) -> list[str]:
     interactive = data.get("interactive_requests") or {}
+    split = data.get("interactive_wait_split_ms") or {}
     rows = [
         ["10,000 lines accepted and stored (s)", cell(data.get("enqueue_10k_s"))],
         ["web RSS idle / peak during it (MiB)",
@@ -521,12 +522,17 @@ def bulk_tables(data: dict[str, Any]) -> list[str]:
         ["job on vLLM / LLM.generate (s)",
          f"{cell(data.get('job_s'))} / {cell(data.get('direct_s'))}"],
         ["ratio", cell(data.get("ratio"))],
+        ["engine steps, job / LLM.generate",
+         f"{cell(data.get('job_steps'))} / {cell(data.get('direct_steps'))}"],
         ["interactive first-token p50 idle / during (ms)",
          f"{cell(data.get('interactive_p50_ms_idle'))} / "
          f"{cell(data.get('interactive_p50_ms_during_bulk'))}"],
         ["interactive first-token p99 idle / during (ms)",
          f"{cell(data.get('interactive_p99_ms_idle'))} / "
          f"{cell(data.get('interactive_p99_ms_during_bulk'))}"],
+        ["of the p99 during: enqueue → claim / claim → first token p99 (ms)",
+         f"{cell(dig(split, 'during_bulk', 'enqueue_to_claim_p99'))} / "
+         f"{cell(dig(split, 'during_bulk', 'claim_to_first_token_p99'))}"],
         ["interactive requests idle / during / refused",
          f"{cell(interactive.get('idle'))} / {cell(interactive.get('during_bulk'))} / "
          f"{cell(interactive.get('refused'))}"],
