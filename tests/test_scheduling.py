@@ -69,7 +69,7 @@ def most_generating_at_once(rows: list[PromptRequest], step_log: Path) -> int:
     the engine's next step has already given a newcomer its first token."""
     step_of = {}
     for line in step_log.read_text().splitlines():
-        number, _, ended = line.split()
+        number, _, ended, *_ = line.split()
         step_of[round(float(ended) * 1e6)] = int(number)
     per_step: Counter[int] = Counter()
     for row in rows:

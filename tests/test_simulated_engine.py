@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.engine import GenerationRequest
+from workers.engine import GenerationRequest, GenerationResult
 from workers.simulated_engine import SimulatedConfig, SimulatedEngine, StepTimeModel
 
 
@@ -250,3 +250,23 @@ def test_the_engine_counts_each_lanes_joins_since_the_last_step_for_its_admissio
     # Two batch joins a step, in arrival order; interactive's join is not counted against it.
     assert joined == {"b0": 0, "b1": 0, "i1": 0, "b2": 1, "b3": 1, "b4": 2}
     assert all(f.result(0).completion_tokens == 4 for f in futures)
+
+
+def test_a_parked_request_joins_when_those_that_joined_this_step_left_before_it_ran():
+    from concurrent.futures import Future
+
+    from workers.batching import RequestAborted
+
+    engine = SimulatedEngine(
+        SimulatedConfig(max_num_seqs=8, step_time=StepTimeModel(time_scale=0)), start=False
+    )
+    engine.admission = lambda _request, _in, _lane, joined: joined < 1
+    futures: dict[str, Future[GenerationResult]] = {n: Future() for n in ("b0", "b1")}
+    for name, future in futures.items():
+        engine._arrive(GenerationRequest(name, prompt="abcd", max_tokens=2, lane="batch"), future)
+    assert engine.stats()["in_engine"] == 1 and engine.stats()["parked"] == 1
+    engine._drop("b0")  # its claim was lost: no step ran, so no step resets the count
+    with pytest.raises(RequestAborted):
+        futures["b0"].result(0)
+    engine._start_parked()  # the loop's next turn: b1 joins instead of waiting for ever
+    assert engine.stats()["in_engine"] == 1 and engine.stats()["parked"] == 0

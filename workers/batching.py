@@ -230,6 +230,10 @@ class ContinuousEngine:
 
     def _start_parked(self) -> None:
         """Let parked requests join while admitted, most urgent first."""
+        if not self._has_work():
+            # No step will run to reset the count: those that joined since the last one left
+            # (aborted: a lost claim, a cancel), and the parked must not wait for a step.
+            self._joined.clear()
         while self._parked_order:
             request_id = self._parked_order[0][2]
             arrival = self._parked.get(request_id)
