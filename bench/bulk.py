@@ -48,7 +48,13 @@ import redis
 
 from bench import harness
 from bench.latency import busy_cores, cpu_per_request, cpu_snapshot, percentile
-from bench.throughput import DirectRunner, engine_flags, prompts, task_slots
+from bench.throughput import (
+    DirectRunner,
+    add_bulk_slot_arguments,
+    engine_flags,
+    prompts,
+    task_slots,
+)
 from bench.throughput import worker_argv as vllm_worker_argv
 from contract.liveness import worker_stats
 
@@ -436,18 +442,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fair-delay", type=float, default=10.0)
     parser.add_argument("--phases", default="enqueue,vllm,fairness")
     parser.add_argument("--model-path", default="")
-    parser.add_argument(
-        "--bulk-reserve",
-        type=int,
-        default=0,
-        help="the vLLM worker's --bulk-reserve (0: none, its default; -1: max-num-seqs)",
-    )
-    parser.add_argument(
-        "--bulk-joins-per-step",
-        type=int,
-        default=0,
-        help="the worker's --bulk-joins-per-step (0: its default, max-num-seqs / 8; -1: no limit)",
-    )
+    add_bulk_slot_arguments(parser)
     parser.add_argument(
         "--step-log",
         default="",

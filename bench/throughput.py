@@ -408,17 +408,8 @@ def interleaved_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
         direct.close()
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--prompts", type=int, default=300)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument(
-        "--slots",
-        type=int,
-        default=0,
-        help="worker task slots (0: the worker's default, max-num-seqs + 1/32)",
-    )
+def add_bulk_slot_arguments(parser: argparse.ArgumentParser) -> None:
+    """The worker's flags for capped (bulk) tiers, passed through (bench.bulk's too)."""
     parser.add_argument(
         "--bulk-reserve",
         type=int,
@@ -431,6 +422,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0,
         help="the worker's --bulk-joins-per-step (0: its default, max-num-seqs / 8; -1: no limit)",
     )
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompts", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=0,
+        help="worker task slots (0: the worker's default, max-num-seqs + 1/32)",
+    )
+    add_bulk_slot_arguments(parser)
     parser.add_argument(
         "--rounds", type=int, default=5, help="interleaved direct/stack rounds (medians kept)"
     )

@@ -172,6 +172,31 @@ def test_a_cancelled_request_is_aborted_in_every_delivery_the_engine_holds_and_n
         engine.close()
 
 
+def note_joins(engine: SimulatedEngine) -> dict[str, int]:
+    """Each request's id and the engine step it joined at, filled as requests join."""
+    joined: dict[str, int] = {}
+    add = engine._add
+
+    def add_and_note(request: GenerationRequest) -> None:
+        joined[request.request_id] = engine.steps
+        add(request)
+
+    engine._add = add_and_note  # type: ignore[method-assign]
+    return joined
+
+
+def step_until_idle(engine: SimulatedEngine) -> None:
+    """Run the engine loop's turns on this thread until nothing is in or parked outside it."""
+    while engine._has_work() or engine._parked:
+        engine._start_parked()
+        engine._joined.clear()  # as the loop does before each step
+        for result in engine._step():
+            future = engine._forget(result.request_id)
+            assert future is not None
+            future.set_result(result)
+        engine.steps += 1
+
+
 def test_admission_parks_a_refused_request_until_the_engine_has_room_for_it():
     from concurrent.futures import Future
 
@@ -182,14 +207,7 @@ def test_admission_parks_a_refused_request_until_the_engine_has_room_for_it():
     )
     # Batch may hold 3 of the 4 sequences; interactive always joins.
     engine.admission = lambda request, in_engine, *_: request.lane != "batch" or in_engine < 3
-    joined: dict[str, int] = {}
-    add = engine._add
-
-    def add_and_note(request: GenerationRequest) -> None:
-        joined[request.request_id] = engine.steps
-        add(request)
-
-    engine._add = add_and_note  # type: ignore[method-assign]
+    joined = note_joins(engine)
     futures: dict[str, Future] = {}
 
     def arrive(name: str, lane: str, priority: int) -> None:
@@ -204,14 +222,7 @@ def test_admission_parks_a_refused_request_until_the_engine_has_room_for_it():
     engine._drop("b5")  # aborted while parked: it never reaches the engine
     with pytest.raises(RequestAborted):
         futures["b5"].result(0)
-    while engine._has_work() or engine._parked:
-        engine._start_parked()
-        finished = engine._step()
-        engine.steps += 1
-        for result in finished:
-            future = engine._forget(result.request_id)
-            assert future is not None
-            future.set_result(result)
+    step_until_idle(engine)
     assert joined == {"b1": 0, "b2": 0, "b3": 0, "i1": 0, "b4": 2}  # b4 once the first ended
     assert all(futures[n].result(0).completion_tokens == 2 for n in ("b1", "b2", "b3", "b4", "i1"))
     assert engine.stats()["parked"] == 0 and engine.stats()["in_engine"] == 0
@@ -225,28 +236,14 @@ def test_the_engine_counts_each_lanes_joins_since_the_last_step_for_its_admissio
     )
     # Batch: at most 2 joins per step; interactive: no limit.
     engine.admission = lambda request, _in, _lane, joined: request.lane != "batch" or joined < 2
-    joined: dict[str, int] = {}
-    add = engine._add
-
-    def add_and_note(request: GenerationRequest) -> None:
-        joined[request.request_id] = engine.steps
-        add(request)
-
-    engine._add = add_and_note  # type: ignore[method-assign]
+    joined = note_joins(engine)
     futures: list[Future] = []
     for name, lane in [*((f"b{i}", "batch") for i in range(5)), ("i1", "interactive")]:
         futures.append(Future())
         request = GenerationRequest(name, prompt="abcd", max_tokens=4, priority=6, lane=lane)
         engine._arrive(request, futures[-1])
     assert engine.stats()["in_engine"] == 3 and engine.stats()["parked"] == 3
-    while engine._has_work() or engine._parked:
-        engine._start_parked()
-        engine._joined.clear()  # as the loop does before each step
-        for result in engine._step():
-            future = engine._forget(result.request_id)
-            assert future is not None
-            future.set_result(result)
-        engine.steps += 1
+    step_until_idle(engine)
     # Two batch joins a step, in arrival order; interactive's join is not counted against it.
     assert joined == {"b0": 0, "b1": 0, "i1": 0, "b2": 1, "b3": 1, "b4": 2}
     assert all(f.result(0).completion_tokens == 4 for f in futures)
