@@ -51,12 +51,12 @@ from bench.latency import busy_cores, cpu_per_request, cpu_snapshot, percentile
 from bench.throughput import (
     DirectRunner,
     add_bulk_slot_arguments,
+    beat_after,
     engine_flags,
     prompts,
     task_slots,
 )
 from bench.throughput import worker_argv as vllm_worker_argv
-from contract.liveness import worker_stats
 
 HOST = "127.0.0.1"
 REDIS_DB = 9
@@ -348,19 +348,15 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
         phase.close()
 
 
-def engine_steps(redis_url: str, after: float, timeout_s: float = 30.0) -> int:
+def engine_steps(redis_url: str, after: float) -> int:
     """The vLLM worker's engine steps as of its first beat after `after`."""
     client = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline:
-            stats = worker_stats(client, VLLM_POOL)
-            if stats and min(s["at"] for s in stats.values()) > after:
-                return sum(int(s["engine"]["steps"]) for s in stats.values())
-            time.sleep(0.1)
+        # The worker beats at LLMQUEUE_WORKER_HEARTBEAT_SECONDS' default, 2 s.
+        stats = beat_after(client, VLLM_POOL, after, timeout_s=30.0, beat_s=2.0)
     finally:
         client.close()
-    raise RuntimeError("the vLLM worker published no counters; is it beating?")
+    return sum(int(s["engine"]["steps"]) for s in stats.values())
 
 
 def service_gap(

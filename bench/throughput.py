@@ -316,14 +316,7 @@ class StackRunner:
     def cost_snapshot(self, after: float) -> dict[str, Any]:
         """The worker's counters from its first beat after `after`, its threads' CPU and the
         Redis server's command counts, read together."""
-        deadline = time.monotonic() + 10 * BEAT_SECONDS + 5
-        while True:
-            stats = worker_stats(self.collector.client, POOL)
-            if stats and min(s["at"] for s in stats.values()) > after:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the worker published no counters; is it beating?")
-            time.sleep(BEAT_SECONDS / 5)
+        stats = beat_after(self.collector.client, POOL, after, 10 * BEAT_SECONDS + 5, BEAT_SECONDS)
         [worker] = stats.values()
         return {
             "worker": worker,
@@ -350,6 +343,21 @@ def thread_cpu_seconds(pid: int, names: dict[str, str]) -> dict[str, float]:
         name = names.get(task.name, "native")
         by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
     return by_name
+
+
+def beat_after(
+    client: redis.Redis, pool: str, after: float, timeout_s: float, beat_s: float
+) -> dict[str, dict[str, Any]]:
+    """Each of `pool`'s workers' counters, once every one has beaten after `after` (bench.bulk
+    reads its engine steps so too)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = worker_stats(client, pool)
+        if stats and min(s["at"] for s in stats.values()) > after:
+            return stats
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no worker of {pool} published counters; is it beating?")
+        time.sleep(beat_s / 5)
 
 
 def redis_command_calls(client: redis.Redis) -> dict[str, int]:

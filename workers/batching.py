@@ -277,9 +277,10 @@ class ContinuousEngine:
                 break
             if not self._has_work():
                 continue
-            joined, running = sum(self._joined.values()), len(self._futures)
+            started, running, joined = 0.0, 0, 0
+            if self._step_log is not None:
+                started, running, joined = time.time(), len(self._futures), self._joined.total()
             self._joined.clear()  # this step takes every join so far
-            started = 0.0 if self._step_log is None else time.time()
             try:
                 finished = self._step()
             except Exception as exc:
