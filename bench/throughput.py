@@ -95,7 +95,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         bulk_reserve=args.bulk_reserve,
         bulk_joins_per_step=args.bulk_joins_per_step,
     )
-    return command.worker_argv(engine, slots)
+    argv = command.worker_argv(engine, slots)
+    return argv + (["--step-log", args.step_log] if args.step_log else [])
 
 
 def direct_main(args: argparse.Namespace) -> None:
@@ -476,6 +477,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="an environment variable for the worker only (repeatable), e.g. an OpenMP setting",
+    )
+    parser.add_argument(
+        "--step-log",
+        default="",
+        help="the worker's --step-log: one line per engine step (its times, requests running, "
+        "joined and finished), to see where a round's time went",
     )
     parser.add_argument("--model-path", default="")
     parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)

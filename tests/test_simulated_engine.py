@@ -97,10 +97,13 @@ def test_the_step_log_has_every_step_and_its_end_time_only_when_asked(tmp_path):
     ends = times[1::2]
     # A result's first_token_at is the logged end of its first token's step.
     assert result.first_token_at == pytest.approx(ends[result.first_token_step - 1], abs=1e-6)
-    # Then each step's requests: running, joined just before it, finished in it (r, then s).
-    counts = [tuple(int(n) for n in line[3:]) for line in lines]
+    # Then each step's requests: running, joined just before it, finished in it (r, then s),
+    # the loop thread's CPU ms in the step, and the requests parked outside the engine.
+    counts = [tuple(int(n) for n in line[3:6]) for line in lines]
     r_steps = [(1, 1, 0), (1, 0, 0), (1, 0, 0), (1, 0, 0), (1, 0, 1)]  # 5 tokens
     assert counts == [*r_steps, (1, 1, 0), (1, 0, 0), (1, 0, 1)]  # s: 3 tokens
+    assert all(float(line[6]) >= 0 for line in lines)
+    assert [int(line[7]) for line in lines] == [0] * len(lines)
 
 
 def test_an_urgent_arrival_waits_for_prefill_under_way_not_for_every_queued_request():

@@ -130,7 +130,8 @@ class ContinuousEngine:
         """From now on append one line per engine step to `path`: the step's number, the
         wall-clock times it started and ended (time.time(), the clock of `first_token_at`), so a
         benchmark can count the steps between two instants (bench/headroom.py), then how many
-        requests the step ran, how many of them joined just before it and how many finished.
+        requests the step ran, how many of them joined just before it, how many finished, the
+        loop thread's CPU milliseconds in the step and how many requests waited parked.
         Line-buffered: readable while the worker runs, and a killed worker loses no finished
         line. Off unless called."""
         self._step_log = open(path, "a", buffering=1, encoding="ascii")  # noqa: SIM115
@@ -277,9 +278,11 @@ class ContinuousEngine:
                 break
             if not self._has_work():
                 continue
-            started, running, joined = 0.0, 0, 0
+            started, cpu, running, joined, parked = 0.0, 0.0, 0, 0, 0
             if self._step_log is not None:
-                started, running, joined = time.time(), len(self._futures), self._joined.total()
+                started, cpu = time.time(), time.thread_time()
+                running, joined = len(self._futures), self._joined.total()
+                parked = len(self._parked)
             self._joined.clear()  # this step takes every join so far
             try:
                 finished = self._step()
@@ -291,8 +294,12 @@ class ContinuousEngine:
             ended = time.time()
             self._step_ended[self.steps % _STEP_CLOCK_SIZE] = ended
             if self._step_log is not None:
+                # The loop thread's own CPU in the step: well under its wall time, the step
+                # waited for the GIL or a core (other threads, other processes).
+                cpu_ms = (time.thread_time() - cpu) * 1000
                 self._step_log.write(
-                    f"{self.steps} {started:.6f} {ended:.6f} {running} {joined} {len(finished)}\n"
+                    f"{self.steps} {started:.6f} {ended:.6f} {running} {joined} {len(finished)} "
+                    f"{cpu_ms:.3f} {parked}\n"
                 )
             for result in finished:
                 future = self._forget(result.request_id)

@@ -6,7 +6,8 @@ The worker takes its tier queues in the order of `--dispatch` (fifo, strict, our
 workers/dispatch.py) and holds at most its engine budget (workers/engine_budget.py).
 A worker whose engine cannot load exits with status 3 and a one-line reason, before it consumes.
 `--step-log PATH` (off by default) appends each engine step's start and end time to PATH, for
-benchmarks.
+benchmarks, then its requests (running, joined, finished), the loop thread's CPU ms and the
+requests parked outside the engine.
 """
 
 from __future__ import annotations
