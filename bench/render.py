@@ -72,7 +72,28 @@ to the last result; load and warm-up are outside it. `ratio` = median direct tim
 time. On a CPU host the engine is Python-bound and shares the GIL and the cores with the queue, so
 every millisecond of CPU the queue spends per prompt comes off throughput: this bench is the worst
 case for the queue. On a GPU host the engine's time is GPU time, and vLLM's multiprocess engine
-core keeps its loop out of the worker's GIL.""",
+core keeps its loop out of the worker's GIL.
+
+Where a round of one prompt per message loses its time (`--step-log`, commit 9418753,
+2026-12-07, 2 rounds): its 658 engine steps are direct's 640 give or take the tail, and its quiet
+full steps take what direct's do (p50 4.4-4.8 ms). The loss is in the ~80 steps that requests
+join or finish in: mean 19-22 ms against 4.7, the engine thread's own CPU in them 11-13 ms against
+4.6. Those are the steps during which the queue's Python for the same requests runs (Celery's
+delivery and ack, the recorder's claims and outcomes: ~3 ms of CPU per request, under the GIL the
+engine thread's Python needs too). Measured and no better, each against default runs beside it:
+
+- one OpenMP thread for the engine, leaving a core to the queue. Direct runs as fast on one
+  thread as on two (3.45 and 3.56 s against 3.26 and 3.55 s); the stack does not gain (5.96 s
+  against 5.88-6.1 s), since its contention is the GIL, not a core;
+- `sys.setswitchinterval` 0.5 ms instead of 5 ms: 4.80 s against 4.81 s;
+- libgomp's spin cut short (`--stack-env GOMP_SPINCOUNT=20000`): 27 ms of worker CPU per request
+  instead of 35, and the same time;
+- vLLM's multiprocess engine core (`--engine-core process`). It is worse on 2 cores: on the CPU
+  build vLLM then runs the model in a third process (its multiprocess executor, forced there), and
+  the core process spin-waits on it. The consumer and Redis starve. Rounds stalled for 2-5 s while
+  the consumer took one message per 0.25 s and 170 waited in the queue (`LLEN` sampled every
+  50 ms). Stack rounds took 4.6-12 s with `OMP_NUM_THREADS=1` (22 rounds), and 5.2-8.1 s with
+  vLLM's default threads (6 rounds).""",
     "latency": """\
 The simulated engine with zero step time, one worker (`workers.serve --engine simulated
 --sim-time-scale 0`), the API under granian (WSGI, 1 worker × 8 blocking threads,
@@ -148,7 +169,7 @@ inside the engine is out of admission's sight), a token budget of Llama-3-8B's K
   queue), `strict` (most urgent tier first), `ours` (8:1 weighted tiers; batch joins the engine
   only while it leaves interactive its recent peak above what it holds plus one sequence, at most
   a quarter, or while it holds < its weight's share; token budget; deadline sweep). Admission
-  is the same for all three: it sheds a request when the `LLMQUEUE_SHED_WAIT_QUANTILE` (0.6)
+  is the same for all three: it sheds a request when the `LLMQUEUE_SHED_WAIT_QUANTILE` (0.5)
   quantile of its estimated wait to a first token — Gamma(requests due before it + 1, the
   queue's drain rate) plus the engine's measured lead, its mean and variance — exceeds the
   tier's first-token target.

@@ -112,8 +112,8 @@ def test_a_wait_past_the_tiers_first_token_target_is_503_and_nothing_stored(
     books.record_drain(pipe, queue, 0, {}, now=time.time() - 2 * tau)  # counting since 2 tau
     books.record_drain(pipe, queue, 4 * tau * (1 - math.exp(-2)), {})  # 4 per second
     pipe.execute()
-    # 3 due first at 4/s, its deadline 30 s: the 0.6 quantile (the default) of Gamma(4, 4/s) is
-    # ~1.04 s.
+    # 3 due first at 4/s, its deadline 30 s: the median (the default quantile) of Gamma(4, 4/s)
+    # is ~0.92 s.
     refused = ask(live_server, seeded.key)
     assert refused.status_code == 503
     error = refused.json()["error"]
@@ -121,9 +121,9 @@ def test_a_wait_past_the_tiers_first_token_target_is_503_and_nothing_stored(
     assert error["message"] == (
         "Queue 'default.interactive' would likely not reach this request within its tier's "
         "0.5 s first-token target: 3 requests due first (about 1 s of work ahead), its wait to "
-        "a first token estimated at 1.04 s (the 0.6 quantile)."
+        "a first token estimated at 0.92 s (the 0.5 quantile)."
     )
-    assert refused.headers["Retry-After"] == "1"  # 0.54 s past the target, rounded up
+    assert refused.headers["Retry-After"] == "1"  # 0.42 s past the target, rounded up
     assert PromptRequest.objects.count() == 3 and queued_messages(clean_redis) == 3
 
 
