@@ -281,8 +281,7 @@ def vllm_phase(args: argparse.Namespace) -> dict[str, Any]:
     phase = Phase("vllm", tenants, model=VLLM_MODEL, pool=VLLM_POOL, max_tokens=args.max_tokens)
     direct = None
     try:
-        argv = vllm_worker_argv(args) + (["--step-log", args.step_log] if args.step_log else [])
-        phase.start("worker", argv, harness.RESULTS / "bulk-vllm-worker.log")
+        phase.start("worker", vllm_worker_argv(args), harness.RESULTS / "bulk-vllm-worker.log")
         harness.wait_for_workers(phase.redis_url, VLLM_POOL, 1, phase.started, 600)
         phase.start_pacer("vllm")
         direct = DirectRunner(args)
@@ -439,12 +438,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--phases", default="enqueue,vllm,fairness")
     parser.add_argument("--model-path", default="")
     add_bulk_slot_arguments(parser)
-    parser.add_argument(
-        "--step-log",
-        default="",
-        help="the vLLM worker's --step-log: one line per engine step (its times, requests "
-        "running, joined and finished), to see where the job's time went",
-    )
     parser.add_argument("--out", default=str(harness.RESULTS / "bulk.json"))
     args = parser.parse_args(argv)
     # What bench.throughput's worker and direct child read.

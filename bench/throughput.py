@@ -418,7 +418,8 @@ def interleaved_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def add_bulk_slot_arguments(parser: argparse.ArgumentParser) -> None:
-    """The worker's flags for capped (bulk) tiers, passed through (bench.bulk's too)."""
+    """The worker's flags for capped (bulk) tiers and its step log, passed through by
+    `worker_argv` (bench.bulk's too)."""
     parser.add_argument(
         "--bulk-reserve",
         type=int,
@@ -430,6 +431,12 @@ def add_bulk_slot_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="the worker's --bulk-joins-per-step (0: its default, max-num-seqs / 8; -1: no limit)",
+    )
+    parser.add_argument(
+        "--step-log",
+        default="",
+        help="the worker's --step-log: one line per engine step (its times, requests running, "
+        "joined, finished and parked, the loop thread's CPU), to see where the time went",
     )
 
 
@@ -477,12 +484,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="an environment variable for the worker only (repeatable), e.g. an OpenMP setting",
-    )
-    parser.add_argument(
-        "--step-log",
-        default="",
-        help="the worker's --step-log: one line per engine step (its times, requests running, "
-        "joined and finished), to see where a round's time went",
     )
     parser.add_argument("--model-path", default="")
     parser.add_argument("--direct-child", action="store_true", help=argparse.SUPPRESS)
