@@ -84,7 +84,8 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         kind="vllm",
         model=args.model_path,
         served_model_name=MODEL_NAME,
-        in_process=args.engine_core == "thread",
+        in_process=args.engine_core != "process",
+        engine_process=args.engine_core == "child",
         cpu_threads=args.stack_cpu_threads,
         **engine_flags(args),
     )
@@ -457,11 +458,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--engine-core",
-        choices=["process", "thread"],
+        choices=["process", "thread", "child"],
         default="thread",
         help="vLLM's engine core inside the worker/direct process (VLLM_ENABLE_V1_MULTIPROCESSING"
-        "=0; the CPU build's shape here) or in its own process (vLLM's default, as on GPU hosts; "
-        "on 2 cores its busy loop starves everything else); both sides use the same",
+        "=0; the CPU build's shape here), in its own process (vLLM's default, as on GPU hosts; "
+        "on 2 cores its busy loop starves everything else; both sides use it) or, for the "
+        "stack only, inside the worker's own engine process (--engine-process; direct stays "
+        "in-process)",
     )
     parser.add_argument(
         "--chunks",

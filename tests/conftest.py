@@ -263,13 +263,17 @@ def tiny_model() -> Path:
     return build_tiny_model(TINY_MODEL_DIR)
 
 
-def vllm_args(model: Path, max_num_seqs: int = 16, served: str = "tiny-llama") -> tuple[str, ...]:
-    """A CPU vLLM worker of the tiny model `model`, serving it as the ServedModel `served`."""
+def vllm_args(
+    model: Path, max_num_seqs: int = 16, served: str = "tiny-llama", engine_process: bool = False
+) -> tuple[str, ...]:
+    """A CPU vLLM worker of the tiny model `model`, serving it as the ServedModel `served` (its
+    engine in a process of its own if `engine_process`)."""
     return (
         "--engine", "vllm", "--model", str(model), "--served-model-name", served,
         "--in-process", "--enforce-eager",
         "--max-num-seqs", str(max_num_seqs), "--dtype", "float32",
         "--gpu-memory-utilization", "0.1", "--max-model-len", "2048",
+        *(["--engine-process"] if engine_process else []),
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""The official openai SDK against llmqueue: live server → Redis → real vLLM CPU worker."""
+"""The official openai SDK against llmqueue: live server → Redis → real vLLM CPU worker (its
+engine in a process of its own, workers/engine_process.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True)]
 def test_openai_sdk_completions_chat_models_and_errors(
     live_server, seeded: Seeded, start_worker: WorkerFactory, tiny_model: Path
 ):
-    start_worker("tiny", *vllm_args(tiny_model), timeout=300)
+    start_worker("tiny", *vllm_args(tiny_model, engine_process=True), timeout=300)
     # max_retries=0: the SDK would otherwise retry 5xx/429 itself and hide our statuses.
     client = openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=seeded.key, max_retries=0)
 

@@ -43,7 +43,8 @@ def test_cpu_workers_are_unpinned():
 def test_the_worker_command_line_round_trips_through_the_workers_parser():
     engine = EngineOptions(
         kind="vllm", model="/m", served_model_name="m,m-chat", max_num_seqs=8, dtype="float32",
-        max_model_len=2048, gpu_memory_utilization=0.5, in_process=True, enforce_eager=True, seed=7,
+        max_model_len=2048, gpu_memory_utilization=0.5, in_process=True, engine_process=True,
+        enforce_eager=True, seed=7,
         sim_time_scale=0.25, sim_max_num_batched_tokens=1024, cpu_threads=3,
     )  # fmt: skip
     slots = SlotOptions(

@@ -49,6 +49,20 @@ class _AbortAll:
     reason: type[RequestAborted] = RequestAborted
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One engine step as the loop saw it: when it started and ended (time.time()), how many
+    requests it ran and how many of them joined just before it, the stepping thread's CPU
+    milliseconds in it (the times and CPU only while the step log is on) and what finished."""
+
+    started: float
+    ended: float
+    running: int
+    joined: int
+    cpu_ms: float
+    finished: list[GenerationResult]
+
+
 class ContinuousEngine:
     """Base for engine adapters. Task threads call `submit` from anywhere; only the engine thread
     touches the engine, so requests join and leave the running batch at every step.
@@ -66,7 +80,7 @@ class ContinuousEngine:
     model_name = ""
 
     def __init__(self) -> None:
-        self._inbox: queue.SimpleQueue[_Arrival | _Abort | _AbortAll | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._futures: dict[str, Future[GenerationResult]] = {}
         self.admission: Admission | None = None
         self._lanes: Counter[str] = Counter()  # requests in the engine per lane
@@ -159,6 +173,17 @@ class ContinuousEngine:
     def _abort(self, request_ids: list[str]) -> None:
         """Drop requests whose futures failed; default: nothing to release."""
 
+    # An engine that steps elsewhere (workers/engine_process.py) sets `steps_elsewhere`: the loop
+    # then never steps, it blocks on the inbox, where the engine's messages arrive too.
+    steps_elsewhere = False
+
+    def _flush(self) -> None:
+        """Before the loop blocks: hand over what `_add` buffered; default: nothing buffered."""
+
+    def _receive(self, message: Any) -> None:
+        """A message from an engine that steps elsewhere (a step's record, ...)."""
+        raise TypeError(f"unexpected engine message {message!r}")
+
     # --- the loop -----------------------------------------------------------------------------
     def _take_arrivals(self, block: bool) -> bool:
         """Move everything waiting in the inbox into the engine, dropping what was aborted;
@@ -178,8 +203,10 @@ class ContinuousEngine:
                 for request_id in held:
                     if request_id.startswith(item.prefix):
                         self._drop(request_id, item.reason)
-            else:
+            elif isinstance(item, tuple):
                 self._arrive(*item)
+            else:  # a message from an engine that steps elsewhere
+                self._receive(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -274,40 +301,52 @@ class ContinuousEngine:
         self._opened.set_result(None)
         while True:
             self._start_parked()  # before blocking: the last step may have made room
-            if not self._take_arrivals(block=not self._has_work()):
+            self._flush()
+            stepping_here = not self.steps_elsewhere and self._has_work()
+            if not self._take_arrivals(block=not stepping_here):
                 break
-            if not self._has_work():
+            if self.steps_elsewhere or not self._has_work():
                 continue
-            started, cpu, running, joined, parked = 0.0, 0.0, 0, 0, 0
-            if self._step_log is not None:
-                started, cpu = time.time(), time.thread_time()
-                running, joined = len(self._futures), self._joined.total()
-                parked = len(self._parked)
-            self._joined.clear()  # this step takes every join so far
+            parked = len(self._parked)
             try:
-                finished = self._step()
+                records = self._advance()
             except Exception as exc:
                 log.exception("engine step failed; failing its %d requests", len(self._futures))
                 self._fail_all(exc)
                 continue
-            self.steps += 1
-            ended = time.time()
-            self._step_ended[self.steps % _STEP_CLOCK_SIZE] = ended
-            if self._step_log is not None:
-                # The loop thread's own CPU in the step: well under its wall time, the step
-                # waited for the GIL or a core (other threads, other processes).
-                cpu_ms = (time.thread_time() - cpu) * 1000
-                self._step_log.write(
-                    f"{self.steps} {started:.6f} {ended:.6f} {running} {joined} {len(finished)} "
-                    f"{cpu_ms:.3f} {parked}\n"
-                )
-            for result in finished:
-                future = self._forget(result.request_id)
-                if future is not None:
-                    self.finished += 1
-                    future.set_result(self._dated(result))
+            for record in records:
+                self._record(record, parked)
         self._fail_all(RuntimeError("engine closed"))
         self._fail_parked(RuntimeError("engine closed"))
+
+    def _advance(self) -> list[StepRecord]:
+        """Run the engine one step (an engine elsewhere: wait for the steps it ran); the steps'
+        records, in order. Takes every join so far."""
+        timed = self._step_log is not None
+        started, cpu = (time.time(), time.thread_time()) if timed else (0.0, 0.0)
+        running, joined = len(self._futures), self._joined.total()
+        self._joined.clear()
+        finished = self._step()
+        ended = time.time()
+        # The loop thread's own CPU in the step: well under its wall time, the step waited
+        # for the GIL or a core (other threads, other processes).
+        cpu_ms = (time.thread_time() - cpu) * 1000 if timed else 0.0
+        return [StepRecord(started, ended, running, joined, cpu_ms, finished)]
+
+    def _record(self, record: StepRecord, parked: int) -> None:
+        """Count a step that ended, log it and settle the requests it finished."""
+        self.steps += 1
+        self._step_ended[self.steps % _STEP_CLOCK_SIZE] = record.ended
+        if self._step_log is not None:
+            self._step_log.write(
+                f"{self.steps} {record.started:.6f} {record.ended:.6f} {record.running} "
+                f"{record.joined} {len(record.finished)} {record.cpu_ms:.3f} {parked}\n"
+            )
+        for result in record.finished:
+            future = self._forget(result.request_id)
+            if future is not None:
+                self.finished += 1
+                future.set_result(self._dated(result))
 
     def _dated(self, result: GenerationResult) -> GenerationResult:
         """`result` with the wall-clock end of its first token's step, if still remembered."""

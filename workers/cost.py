@@ -50,10 +50,11 @@ def thread_names() -> dict[int, str]:
 
 
 def snapshot(engine_stats: dict[str, Any]) -> dict[str, Any]:
-    """The worker's counters now, as the heartbeat publishes them."""
+    """The worker's counters now, as the heartbeat publishes them; its CPU includes an engine
+    process's (workers/engine_process.py)."""
     return {
         "at": time.time(),
-        "cpu_seconds": time.process_time(),
+        "cpu_seconds": time.process_time() + engine_stats.get("process_cpu_seconds", 0.0),
         "db_statements": db_statements(),
         "engine": engine_stats,
         "threads": {str(tid): name for tid, name in thread_names().items()},

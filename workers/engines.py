@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 from workers.engine import Engine
@@ -21,6 +23,8 @@ class EngineOptions:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     in_process: bool = False
+    # The engine steps in a process of its own, fed over a pipe (workers/engine_process.py).
+    engine_process: bool = False
     enforce_eager: bool = False
     seed: int = 0
     sim_time_scale: float = 1.0
@@ -45,19 +49,24 @@ def build_engine(options: EngineOptions) -> Engine:
             )
         )
     if options.kind == "vllm":
-        from workers.vllm_engine import VllmConfig, VllmEngine
+        from workers.vllm_engine import VllmConfig, VllmCore, VllmEngine
 
-        return VllmEngine(
-            VllmConfig(
-                model=options.model,
-                max_num_seqs=options.max_num_seqs,
-                dtype=options.dtype,
-                max_model_len=options.max_model_len,
-                gpu_memory_utilization=options.gpu_memory_utilization,
-                in_process=options.in_process,
-                enforce_eager=options.enforce_eager,
-                seed=options.seed,
-                cpu_threads=options.cpu_threads,
-            )
+        config = VllmConfig(
+            model=options.model,
+            max_num_seqs=options.max_num_seqs,
+            dtype=options.dtype,
+            max_model_len=options.max_model_len,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            in_process=options.in_process,
+            enforce_eager=options.enforce_eager,
+            seed=options.seed,
+            cpu_threads=options.cpu_threads,
         )
+        if options.engine_process:
+            from workers.engine_process import ProcessEngine
+
+            # The child holds vLLM's engine core in its own process: no third one.
+            core = functools.partial(VllmCore, dataclasses.replace(config, in_process=True))
+            return ProcessEngine(core, config.model)
+        return VllmEngine(config)
     raise ValueError(f"unknown engine kind {options.kind!r} (expected 'vllm' or 'simulated')")

@@ -144,6 +144,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     parser.add_argument(
+        "--engine-process",
+        dest="engine_process",
+        action="store_true",
+        help="step the engine in a process of its own, fed over a pipe (the CPU build: keeps the "
+        "worker's Python off the engine's GIL; workers/engine_process.py)",
+    )
+    parser.add_argument(
         "--enforce-eager",
         dest="enforce_eager",
         action="store_true",
@@ -219,6 +226,8 @@ def engine_argv(options: EngineOptions) -> list[str]:
             argv += [flag, str(value)]
     if options.in_process:
         argv.append("--in-process")
+    if options.engine_process:
+        argv.append("--engine-process")
     if options.enforce_eager:
         argv.append("--enforce-eager")
     return argv

@@ -79,21 +79,19 @@ def sampling_params(request: GenerationRequest) -> Any:
     )
 
 
-class VllmEngine(ContinuousEngine):
-    """vLLM's LLMEngine, stepped by the engine thread; requests join at every step."""
+class VllmCore:
+    """vLLM's LLMEngine without a thread of its own: whoever holds it steps it (the worker's
+    engine thread, VllmEngine, or a process of its own, workers/engine_process.py)."""
 
     def __init__(self, config: VllmConfig) -> None:
-        super().__init__()
         self.config = config
-        self.model_name = config.model
         self._engine: Any = None
         self._tokenizer: Any = None
-        self.torch_threads = 0  # what the engine thread's torch ops use, once loaded
-        self.start()
+        self.torch_threads = 0  # what the stepping thread's torch ops use, once open
 
-    def _open(self) -> None:
-        # Built on the engine thread, not the caller's: the CPU build's torch ops then run from
-        # the one thread that also loaded the model, so they share one OpenMP thread team. A
+    def open(self) -> None:
+        # Built on the thread that steps it, not the caller's: the CPU build's torch ops then run
+        # from the one thread that also loaded the model, so they share one OpenMP thread team. A
         # second team (load on the main thread, steps on this one) puts more OpenMP threads than
         # cores on the host, and libgomp then stops spin-waiting: every op of every step waits
         # for a sleeping helper thread to wake (measured: ~3 ms more CPU per step, tiny Llama).
@@ -110,7 +108,7 @@ class VllmEngine(ContinuousEngine):
         self._tokenizer = self._engine.get_tokenizer()
         self.torch_threads = torch.get_num_threads()
 
-    def _add(self, request: GenerationRequest) -> None:
+    def add(self, request: GenerationRequest) -> None:
         prompt: Any = request.prompt
         messages: Any = request.messages
         if messages is not None:
@@ -129,11 +127,11 @@ class VllmEngine(ContinuousEngine):
                 raise PromptTooLong(message) from exc
             raise EngineError(message) from exc
 
-    def _has_work(self) -> bool:
+    def has_work(self) -> bool:
         return bool(self._engine.has_unfinished_requests())
 
-    def _step(self) -> list[GenerationResult]:
-        step = self.steps + 1
+    def step(self, step: int) -> list[GenerationResult]:
+        """Run step number `step` (1-based); the requests it finished."""
         finished = []
         for output in self._engine.step():  # FINAL_ONLY: finished requests only
             if not output.finished:
@@ -156,5 +154,35 @@ class VllmEngine(ContinuousEngine):
             )
         return finished
 
-    def _abort(self, request_ids: list[str]) -> None:
+    def abort(self, request_ids: list[str]) -> None:
         self._engine.abort_request(request_ids)
+
+
+class VllmEngine(ContinuousEngine):
+    """vLLM's LLMEngine, stepped by the engine thread; requests join at every step."""
+
+    def __init__(self, config: VllmConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model_name = config.model
+        self.core = VllmCore(config)
+        self.start()
+
+    @property
+    def torch_threads(self) -> int:
+        return self.core.torch_threads
+
+    def _open(self) -> None:
+        self.core.open()
+
+    def _add(self, request: GenerationRequest) -> None:
+        self.core.add(request)
+
+    def _has_work(self) -> bool:
+        return self.core.has_work()
+
+    def _step(self) -> list[GenerationResult]:
+        return self.core.step(self.steps + 1)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        self.core.abort(request_ids)
