@@ -93,7 +93,30 @@ engine thread's Python needs too). Measured and no better, each against default 
   the core process spin-waits on it. The consumer and Redis starve. Rounds stalled for 2-5 s while
   the consumer took one message per 0.25 s and 170 waited in the queue (`LLEN` sampled every
   50 ms). Stack rounds took 4.6-12 s with `OMP_NUM_THREADS=1` (22 rounds), and 5.2-8.1 s with
-  vLLM's default threads (6 rounds).""",
+  vLLM's default threads (6 rounds).
+
+The worker's own engine process (`--engine-process`, workers/engine_process.py; here
+`--engine-core child`, commit 92792b1, 2026-12-07): the child holds vLLM's in-process engine and
+a GIL of its own, and steps without pause while the worker feeds it by pipe. Its join and finish
+steps then take 8-12 ms instead of 19-22. Alone it does not win: a wave of finishes empties the
+engine faster than Celery delivers the next requests one by one (~2.5 ms of the queue's CPU each),
+and the engine runs a third full for tens of steps (700-770 steps per round instead of 650). With
+the bulk reserve (`--bulk-reserve -1`, the bulk-only pool's setting) the next requests are
+already claimed and parked in the worker when a wave finishes, and join the child's next steps:
+650-652 steps per round. Same sittings, ratio with 8 / 1 prompts per message (3 and 5 rounds):
+
+| layout | sitting 1 | sitting 2 |
+| --- | --- | --- |
+| engine thread (the default) | 0.752 / 0.624 | 0.819 / 0.598 |
+| engine thread, bulk reserve | 0.734 / 0.622 | — |
+| engine process | 0.718 / 0.565 | 0.734 / 0.645 (1 OpenMP thread) |
+| engine process, bulk reserve | 0.777 / 0.704 | 0.848 / 0.685 |
+
+On 2 cores the ratio is bounded by CPU, not by the GIL any more: direct keeps both cores busy
+(its CPU is twice its wall time: OpenMP spins), so whatever the queue spends (~3 ms per request
+with one prompt per message, plus Redis and the bench's own collector) comes off the engine's
+cores. With one OpenMP thread the child's quiet steps run slower than direct's two-thread ones
+(p50 5-7 ms against ~4.5).""",
     "latency": """\
 The simulated engine with zero step time, one worker (`workers.serve --engine simulated
 --sim-time-scale 0`), the API under granian (WSGI, 1 worker × 8 blocking threads,
