@@ -437,11 +437,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fair-delay", type=float, default=10.0)
     parser.add_argument("--phases", default="enqueue,vllm,fairness")
     parser.add_argument("--model-path", default="")
+    parser.add_argument(
+        "--engine-core",
+        choices=["thread", "child"],
+        default="thread",
+        help="the vLLM worker's engine on its engine thread, or in a process of its own "
+        "(--engine-process); LLM.generate stays in-process",
+    )
     add_bulk_slot_arguments(parser)
     parser.add_argument("--out", default=str(harness.RESULTS / "bulk.json"))
     args = parser.parse_args(argv)
     # What bench.throughput's worker and direct child read.
-    args.prompts, args.slots, args.engine_core = args.job_lines, 0, "thread"
+    args.prompts, args.slots = args.job_lines, 0
     args.stack_cpu_threads = 0
     return args
 

@@ -201,7 +201,8 @@ def prompt(kind: str, i: int) -> str:
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
     """The engine both the worker and the vllm_alone child build (as bench/throughput.py)."""
-    in_process = ["--in-process"] if args.engine_core == "thread" else []
+    layouts = {"thread": ["--in-process"], "child": ["--in-process", "--engine-process"]}
+    in_process = layouts.get(args.engine_core, [])
     return [
         "--engine", "vllm", "--model", args.model_path, *in_process, "--enforce-eager",
         "--max-num-seqs", str(args.max_num_seqs), "--dtype", "float32",
@@ -232,7 +233,7 @@ def direct_main(args: argparse.Namespace) -> None:
             dtype="float32",
             max_model_len=2048,
             gpu_memory_utilization=0.1,
-            in_process=args.engine_core == "thread",
+            in_process=args.engine_core != "process",
             enforce_eager=True,
             cpu_threads=args.engine_cpu_threads,
         )
@@ -451,10 +452,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument(
         "--engine-core",
-        choices=["process", "thread"],
+        choices=["process", "thread", "child"],
         default="thread",
-        help="vLLM's engine core in its own process (vLLM's default, the worker's) or a thread "
-        "of the worker (--in-process)",
+        help="vLLM's engine core in its own process (vLLM's default, the worker's), a thread "
+        "of the worker (--in-process) or the worker's own engine process (--engine-process; "
+        "vllm_alone then runs it in a thread)",
     )
     parser.add_argument(
         "--engine-cpu-threads",
