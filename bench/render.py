@@ -157,7 +157,15 @@ the row is the end of the first token's step. Percentiles of steps are nearest-r
 requests, p99 is the maximum). The JSON also has the stricter count of steps that *ended* after
 the publish (the step already running counts: 2 at best), step times and, for the queue phases,
 the split publish → claim (ms) and claim → first token (steps). On a GPU host the engine's work
-is on the GPU and `--engine-cpu-threads` does not apply.""",
+is on the GPU and `--engine-cpu-threads` does not apply.
+
+With the worker's engine process (`--engine-core child`, worker code of 92792b1, 2026-12-07,
+two runs each alternating with the engine thread): p99 wait 3 and 4 steps against 2 and 2, but
+p50 / p99 wait 7.5 / 15.9 ms and 6.6 / 14.0 ms against 11.3 / 19.0 and 10.1 / 21.8 ms. The
+child steps without waiting for the worker (step p99 6-7 ms against 11-12),
+so more of its steps pass while a request travels from Redis to the engine (publish → claim
+p50 1.2-1.7 ms either way) and to the child over the pipe: fewer milliseconds, more steps (one
+claimed request in 8 made the child's second step after its claim, not the first).""",
     "scheduling": """\
 The real stack — granian (1 × 16 threads) → Django admission → Redis → one `workers.serve` worker
 with `--engine simulated` (step-time model of an 8B model on one H100), `--max-num-seqs` (256)
@@ -262,7 +270,14 @@ pacer's half is 16 lines) on the simulated engine, jobs of 2,000 and 200 lines o
 second created 10 s later; the largest difference in tokens released by the pacer (its fair
 scheduler's decisions), after each release (a tick's lines are published together, with one
 timestamp), while both have lines not released; the same counted at the workers' claims
-is shown beside it.""",
+is shown beside it.
+
+The engine process (`--engine-core child`, commit 1588a34, 2026-12-07, runs alternating with
+the engine thread) did not shorten the job: 13.9 and 10.85 s (with `--bulk-reserve -1`) against
+12.1 and 10.85 s, 2318-2371 engine steps against 2335-2453 (direct: 2048). In the job-alone run
+the engine held 62 of 64 sequences (two kept for the interactive tier) and its steps took
+4.6-5.7 ms against direct's 3.5: with both cores busy (`busy_cores_during_job` 1.9), the
+engine's two OpenMP threads share them with the worker's Python wherever that Python runs.""",
     "deadlines": """\
 When does ordering a tier's queue by deadline (earliest deadline first,
 `llmqueue/queueing/deadline_order.py`) beat FIFO? One tier (max wait 30 s); *urgent* requests
