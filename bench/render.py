@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.suite import (
+    BY_NAME,
     REPO,
     SUITE_JSON,
     context_line,
@@ -39,6 +40,7 @@ run): compare the sides of one run, and re-run before trusting a single figure."
 
 TITLES = {
     "throughput": "Throughput: the queue vs. vLLM alone",
+    "throughput_engine_process": "Throughput with the worker's engine process",
     "latency": "Added latency of the whole path",
     "headroom": "Interactive headroom on the real engine",
     "scheduling": "Scheduling under overload: interactive SLO vs batch throughput",
@@ -117,6 +119,12 @@ On 2 cores the ratio is bounded by CPU, not by the GIL any more: direct keeps bo
 with one prompt per message, plus Redis and the bench's own collector) comes off the engine's
 cores. With one OpenMP thread the child's quiet steps run slower than direct's two-thread ones
 (p50 5-7 ms against ~4.5).""",
+    "throughput_engine_process": """\
+`bench.throughput` as above, the stack's worker in the layout the README advises for a CPU bulk
+pool: `--engine-process` (the engine steps in a process of its own, fed over a pipe:
+workers/engine_process.py) and `--bulk-reserve -1` (the next requests wait claimed and parked in
+the worker). Direct is the same in-process `LLM.generate`. The throughput section above says why
+this layout and what each half does alone.""",
     "latency": """\
 The simulated engine with zero step time, one worker (`workers.serve --engine simulated
 --sim-time-scale 0`), the API under granian (WSGI, 1 worker × 8 blocking threads,
@@ -643,6 +651,7 @@ def reliability_tables(data: dict[str, Any]) -> list[str]:
 TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "scheduling_sweep": scheduling_sweep_tables,
     "throughput": throughput_tables,
+    "throughput_engine_process": throughput_tables,
     "latency": latency_tables,
     "headroom": headroom_tables,
     "admission": admission_tables,
@@ -687,7 +696,8 @@ def bench_section(
         if entry.get("status") == "ok"
         else f"**Failed** (exit {entry.get('returncode')}; log `{entry.get('log')}`)."
     )
-    lines = [f"## {title} — `bench/{name}.py`", "", "```sh", str(entry.get("command", "")), "```",
+    module = BY_NAME[name].module_name if name in BY_NAME else name
+    lines = [f"## {title} — `bench/{module}.py`", "", "```sh", str(entry.get("command", "")), "```",
              "", DESCRIPTIONS.get(name, ""), "", f"Results (`{entry.get('json_path')}`): {status}",
              ""]  # fmt: skip
     if data is None:

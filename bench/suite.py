@@ -217,14 +217,20 @@ def reliability_figures(data: dict[str, Any]) -> list[Figure]:
 # --- the benches -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bench:
-    """One benchmark: its module under bench/, the flags of its quick form (the full form is its
-    defaults) and how to read its goal figures from its JSON."""
+    """One benchmark: its name (and module under bench/, unless `module` names another), the
+    flags of its quick form and its full form (for most, none: the module's defaults) and how to
+    read its goal figures from its JSON."""
 
     name: str
     quick: tuple[str, ...]
     full: tuple[str, ...]
     figures: Callable[[dict[str, Any]], list[Figure]]
     timeout_factor: float = 1.0  # of the form's per-bench timeout
+    module: str = ""  # "": the name; another layout of one module runs under a name of its own
+
+    @property
+    def module_name(self) -> str:
+        return self.module or self.name
 
     @property
     def json_path(self) -> str:
@@ -236,14 +242,24 @@ class Bench:
 
     def argv(self, full: bool, python: str) -> list[str]:
         flags = self.full if full else self.quick
-        return [python, "-m", f"bench.{self.name}", *flags, "--out", self.json_path]
+        return [python, "-m", f"bench.{self.module_name}", *flags, "--out", self.json_path]
 
 
+ENGINE_PROCESS = ("--engine-core", "child", "--bulk-reserve", "-1")
 # Quick forms: the same measurement with fewer repetitions, sized so the whole suite takes about
 # 10-12 minutes on 2 cores (most of it engine loads and the scheduling bench's 3 × 2 runs).
 BENCHES: tuple[Bench, ...] = (
     # 3 interleaved rounds instead of 5: a median of 3 still discounts one slow spell.
     Bench("throughput", ("--rounds", "3"), (), throughput_figures),
+    # The same against the worker's engine process with the bulk reserve (README: CPU bulk
+    # pools), so the layout's figure is measured with every `make bench`, not quoted.
+    Bench(
+        "throughput_engine_process",
+        ("--rounds", "3", *ENGINE_PROCESS),
+        ENGINE_PROCESS,
+        throughput_figures,
+        module="throughput",
+    ),
     # 400 requests: p99 is then the 4th slowest, not the slowest.
     Bench("latency", ("--duration", "20"), (), latency_figures),
     # The goal is the queue phase's; the comparison phases (vLLM alone, no headroom) would

@@ -44,21 +44,28 @@ def test_scheduling_reports_the_worst_seed_of_a_sweep():
 
 def test_every_bench_runs_with_its_out_flag_and_quick_forms_differ_from_full():
     names = [bench.name for bench in suite.BENCHES]
-    assert names == ["throughput", "latency", "headroom", "scheduling", "scheduling_sweep",
-                     "admission", "deadlines", "metrics_overhead", "bulk", "overload",
-                     "reliability"]  # fmt: skip
+    assert names == ["throughput", "throughput_engine_process", "latency", "headroom",
+                     "scheduling", "scheduling_sweep", "admission", "deadlines",
+                     "metrics_overhead", "bulk", "overload", "reliability"]  # fmt: skip
     # Every module under bench/ that writes a result is one of them.
     writers = {
         path.stem
         for path in (Path(suite.REPO) / "bench").glob("*.py")
         if '"--out"' in path.read_text() and path.stem not in ("suite", "render", "compare")
     }
-    assert writers == set(names)
+    assert writers == {bench.module_name for bench in suite.BENCHES}
     for bench in suite.BENCHES:
         argv = bench.argv(full=False, python="py")
-        assert argv[:3] == ["py", "-m", f"bench.{bench.name}"]
+        assert argv[:3] == ["py", "-m", f"bench.{bench.module_name}"]
         assert argv[-2:] == ["--out", f"bench/results/{bench.name}.json"]
-        assert bench.quick and not bench.full
+        assert bench.quick != bench.full
+    # A second layout of one module: its full form is the module's defaults plus the layout.
+    layout = suite.BY_NAME["throughput_engine_process"]
+    assert layout.argv(full=True, python="py") == [
+        "py", "-m", "bench.throughput", "--engine-core", "child", "--bulk-reserve", "-1",
+        "--out", "bench/results/throughput_engine_process.json",
+    ]  # fmt: skip
+    assert all(not bench.full for bench in suite.BENCHES if not bench.module)
 
 
 STAND_IN = """\
