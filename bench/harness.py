@@ -269,15 +269,7 @@ def exit_on_sigterm() -> None:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds used so far by `pid` and its live descendants (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for member in processes.descendants(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+    return sum(processes.cpu_seconds(member) for member in processes.descendants(pid))
 
 
 def machine_busy_seconds() -> float:

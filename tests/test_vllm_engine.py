@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.test_processes import alive, wait_for
 from workers.batching import ContinuousEngine
 from workers.engine import EngineError, GenerationRequest
 from workers.engine_process import ProcessEngine
@@ -48,20 +49,6 @@ def engine(request: pytest.FixtureRequest, tiny_model: Path) -> Iterator[Continu
         engine = process_engine(tiny_model)
     yield engine
     engine.close()
-
-
-def process_gone(pid: int, timeout: float = 30) -> bool:
-    """Whether `pid` exited within `timeout` (a zombie left for init to reap counts)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_concurrent_requests_are_batched_into_shared_steps(engine: ContinuousEngine):
@@ -184,4 +171,4 @@ def test_an_engine_process_exits_with_its_worker_killed_mid_step(tiny_model: Pat
         parent.send_signal(signal.SIGKILL)
         parent.wait()
     # The pipe's end of file tells the child; nothing else is left to stop it.
-    assert process_gone(pid, timeout=30)
+    assert wait_for(lambda: not alive(pid), timeout=30)

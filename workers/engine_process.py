@@ -20,13 +20,13 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing
-import os
 import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from workers import processes
 from workers.batching import ContinuousEngine, StepRecord
 from workers.engine import EngineError, GenerationRequest, GenerationResult
 
@@ -175,18 +175,6 @@ class CoreLoop:
         self.live.clear()
 
 
-def process_cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds process `pid` used so far (Linux /proc; 0 where unreadable)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclasses.dataclass(frozen=True)
 class _EngineDied:
     """The child's end of the pipe closed: it exited (with `exitcode`, once known)."""
@@ -219,7 +207,7 @@ class ProcessEngine(ContinuousEngine):
 
     def stats(self) -> dict[str, Any]:
         # The worker's CPU figure (workers/cost.py) adds the child's: the engine's work is there.
-        return {**super().stats(), "process_cpu_seconds": process_cpu_seconds(self.child_pid)}
+        return {**super().stats(), "process_cpu_seconds": processes.cpu_seconds(self.child_pid)}
 
     def _open(self) -> None:
         # spawn, not fork: the worker has threads (and may hold CUDA) when its engine starts.

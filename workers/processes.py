@@ -94,6 +94,17 @@ def _output(log: IO[bytes] | None, inherit: bool) -> IO[bytes] | int | None:
     return None if inherit else subprocess.DEVNULL
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds process `pid` used so far (Linux /proc; 0 where unreadable)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def descendants(pid: int) -> list[int]:
     """`pid` and every live process below it (Linux /proc; just `pid` elsewhere)."""
     parents: dict[int, list[int]] = {}
