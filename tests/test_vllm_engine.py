@@ -19,6 +19,7 @@ from tests.test_processes import alive, wait_for
 from workers.batching import ContinuousEngine
 from workers.engine import EngineError, GenerationRequest
 from workers.engine_process import ProcessEngine
+from workers.engines import EngineOptions, build_engine
 from workers.vllm_engine import VllmConfig, VllmCore, VllmEngine
 
 pytestmark = pytest.mark.vllm
@@ -136,6 +137,22 @@ def test_a_dead_engine_process_fails_its_requests(tiny_model: Path):
         with pytest.raises(RuntimeError, match="engine process died"):
             running.result(timeout=60)
         assert engine.stats()["in_engine"] == 0
+    finally:
+        engine.close()
+
+
+def test_an_engine_process_leaves_the_worker_a_core_unless_told_otherwise(tiny_model: Path):
+    options = EngineOptions(
+        model=str(tiny_model), max_num_seqs=4, dtype="float32", max_model_len=2048,
+        gpu_memory_utilization=0.1, in_process=True, engine_process=True, enforce_eager=True,
+    )  # fmt: skip
+    engine = build_engine(options)
+    try:
+        assert isinstance(engine, ProcessEngine)
+        cores = len(os.sched_getaffinity(0))
+        assert engine.torch_threads == max(1, cores - 1)
+        done = engine.submit(GenerationRequest("spare-core", prompt="hi", max_tokens=3))
+        assert done.result(timeout=60).completion_tokens == 3
     finally:
         engine.close()
 

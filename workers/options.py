@@ -31,8 +31,9 @@ _ENGINE_FLAGS: dict[str, tuple[str, type, str]] = {
     "--engine-cpu-threads": (
         "cpu_threads",
         int,
-        "vLLM CPU build: OpenMP threads for the engine (0 = one per core); cores minus one "
-        "leaves a core to the worker's consumer, as vLLM's own CPU executor does",
+        "vLLM CPU build: OpenMP threads for the engine (0 = one per core, or cores minus one "
+        "with --engine-process); cores minus one leaves a core to the worker's consumer, as "
+        "vLLM's own CPU executor does",
     ),
     "--sim-time-scale": (
         "sim_time_scale",
