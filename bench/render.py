@@ -49,6 +49,7 @@ TITLES = {
     "deadlines": "Deadline order within a tier",
     "metrics_overhead": "What metrics and event logs cost the request path",
     "bulk": "Bulk jobs: acceptance, engine throughput, interactive waits, fairness",
+    "bulk_engine_process": "Bulk jobs with the worker's engine process",
     "overload": "Overload: 10× capacity against the floor of the machine",
     "reliability": "Faults: crash, deploy, data loss, overload, fuzz",
 }
@@ -124,7 +125,29 @@ cores. With one OpenMP thread the child's quiet steps run slower than direct's t
 pool: `--engine-process` (the engine steps in a process of its own, fed over a pipe:
 workers/engine_process.py) and `--bulk-reserve -1` (the next requests wait claimed and parked in
 the worker). Direct is the same in-process `LLM.generate`. The throughput section above says why
-this layout and what each half does alone.""",
+this layout and what each half does alone.
+
+The engine process runs on every core but one unless `--engine-cpu-threads` says otherwise (here
+one OpenMP thread; direct keeps torch's default, two). It steps without pause, and with a team on
+both cores the worker that feeds it (Celery's consumer, the claims, Redis) found no core free.
+Measured in one sitting (commit 6ebd872, one thread asked with `--stack-cpu-threads 1`: the
+default since 3de345c), 3 rounds each, ratio with 8 / 1 prompts per message (direct 2.4-2.8 s): engine thread (the default layout) 0.765 / 0.640; engine process
+with the reserve on two threads 0.842 / 0.712, on one 0.877 / 0.799; on one without the reserve
+0.740 / 0.726 (696-759 engine steps against 650: the reserve is what keeps the engine full). The
+machine's CPU during a one-thread round is 1.2-1.3 cores: the engine's core is busy, the other
+mostly idle. What is left is the engine's own step: 4.6-5.1 ms on one thread against direct's
+4.1 on two. Pinning the engine process to one core and the worker to the other gave nothing
+more (0.854 / 0.810 against 0.865 / 0.813 unpinned, same sitting).""",
+    "bulk_engine_process": """\
+`bench.bulk`'s vllm phase as above (its other phases never run the worker's engine), the worker
+with `--engine-process`: the engine in a process of its own on every core but one. No bulk
+reserve: this pool serves the interactive tenant too (README). One sitting on 3de345c, one run
+each: the 1,000-line job took 12.3 s against LLM.generate's 9.5 (0.77), and the interactive
+first-token p99 was 14.0 ms idle and 61.4 ms during the job; with `--bulk-reserve -1`, 0.77 and
+12.5 / 54.7 ms, 2193 engine steps instead of 2474; the engine thread 0.68 and 23.2 / 88.3 ms.
+Against PostgreSQL instead of SQLite (the reserve on) the wait split was the same: enqueue →
+claim p99 38.8 ms during the job against 8.2 idle, so the interactive tail during a job is not
+SQLite's write lock.""",
     "latency": """\
 The simulated engine with zero step time, one worker (`workers.serve --engine simulated
 --sim-time-scale 0`), the API under granian (WSGI, 1 worker × 8 blocking threads,
@@ -658,6 +681,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "deadlines": deadlines_tables,
     "metrics_overhead": metrics_overhead_tables,
     "bulk": bulk_tables,
+    "bulk_engine_process": bulk_tables,
     "overload": overload_tables,
     "reliability": reliability_tables,
 }

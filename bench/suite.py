@@ -174,6 +174,11 @@ def bulk_figures(data: dict[str, Any]) -> list[Figure]:
     ]  # fmt: skip
 
 
+def bulk_engine_figures(data: dict[str, Any]) -> list[Figure]:
+    """bench.bulk's figures of its vllm phase alone: the others never run the worker's engine."""
+    return bulk_figures(data)[1:3]
+
+
 def scheduling_sweep_figures(data: dict[str, Any]) -> list[Figure]:
     runs = [run for run in data.get("runs") or [] if isinstance(run, dict)]
     met = [all((run.get("checks") or {"": False}).values()) for run in runs]
@@ -246,6 +251,7 @@ class Bench:
 
 
 ENGINE_PROCESS = ("--engine-core", "child", "--bulk-reserve", "-1")
+BULK_ENGINE_PROCESS = ("--phases", "vllm", "--engine-core", "child")
 # Quick forms: the same measurement with fewer repetitions, sized so the whole suite takes about
 # 10-12 minutes on 2 cores (most of it engine loads and the scheduling bench's 3 × 2 runs).
 BENCHES: tuple[Bench, ...] = (
@@ -285,6 +291,15 @@ BENCHES: tuple[Bench, ...] = (
     Bench("metrics_overhead", ("--repeats", "2"), (), metrics_overhead_figures),
     # Quick: 10 s of interactive traffic with no job instead of 20 (~4 min, two engine loads).
     Bench("bulk", ("--interactive-seconds", "10"), (), bulk_figures),
+    # Its vllm phase again against the worker's engine process (README: CPU pools with bulk
+    # work; no bulk reserve, since this pool serves the interactive tenant too).
+    Bench(
+        "bulk_engine_process",
+        ("--interactive-seconds", "10", *BULK_ENGINE_PROCESS),
+        BULK_ENGINE_PROCESS,
+        bulk_engine_figures,
+        module="bulk",
+    ),
     # Quick: a 20 s burst at 10× capacity instead of the issue's 60 s.
     Bench("overload", ("--quick",), (), overload_figures),
     # The fault tests once each; quick: the overload test's burst 20 s, 2,000 fuzzed requests.

@@ -46,7 +46,8 @@ def test_every_bench_runs_with_its_out_flag_and_quick_forms_differ_from_full():
     names = [bench.name for bench in suite.BENCHES]
     assert names == ["throughput", "throughput_engine_process", "latency", "headroom",
                      "scheduling", "scheduling_sweep", "admission", "deadlines",
-                     "metrics_overhead", "bulk", "overload", "reliability"]  # fmt: skip
+                     "metrics_overhead", "bulk", "bulk_engine_process", "overload",
+                     "reliability"]  # fmt: skip
     # Every module under bench/ that writes a result is one of them.
     writers = {
         path.stem
@@ -66,6 +67,11 @@ def test_every_bench_runs_with_its_out_flag_and_quick_forms_differ_from_full():
         "--out", "bench/results/throughput_engine_process.json",
     ]  # fmt: skip
     assert all(not bench.full for bench in suite.BENCHES if not bench.module)
+    # Its bulk layout: only the phase that runs the worker's engine, and only its figures.
+    bulk = suite.BY_NAME["bulk_engine_process"]
+    assert bulk.argv(full=True, python="py")[3:-2] == ["--phases", "vllm", "--engine-core", "child"]
+    figures = bulk.figures({"ratio": 0.8, "interactive_p99_during_vs_idle": 1.5})
+    assert [(f.value, f.met) for f in figures] == [(0.8, False), (1.5, True)]
 
 
 STAND_IN = """\
