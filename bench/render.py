@@ -128,16 +128,17 @@ the worker). Direct is the same in-process `LLM.generate`. The throughput sectio
 this layout and what each half does alone.
 
 The engine process runs on every core but one unless `--engine-cpu-threads` says otherwise (here
-one OpenMP thread; direct keeps torch's default, two). It steps without pause, and with a team on
-both cores the worker that feeds it (Celery's consumer, the claims, Redis) found no core free.
-Measured in one sitting (commit 6ebd872, one thread asked with `--stack-cpu-threads 1`: the
-default since 3de345c), 3 rounds each, ratio with 8 / 1 prompts per message (direct 2.4-2.8 s): engine thread (the default layout) 0.765 / 0.640; engine process
-with the reserve on two threads 0.842 / 0.712, on one 0.877 / 0.799; on one without the reserve
-0.740 / 0.726 (696-759 engine steps against 650: the reserve is what keeps the engine full). The
-machine's CPU during a one-thread round is 1.2-1.3 cores: the engine's core is busy, the other
-mostly idle. What is left is the engine's own step: 4.6-5.1 ms on one thread against direct's
-4.1 on two. Pinning the engine process to one core and the worker to the other gave nothing
-more (0.854 / 0.810 against 0.865 / 0.813 unpinned, same sitting).""",
+one OpenMP thread; direct keeps torch's default, two). It steps without pause, and with a team
+on both cores the worker that feeds it (Celery's consumer, the claims, Redis) found no core
+free. Measured in one sitting (commit 6ebd872, one thread asked with `--stack-cpu-threads 1`:
+the default since 3de345c), 3 rounds each, ratio with 8 / 1 prompts per message (direct 2.4-2.8
+s): engine thread (the default layout) 0.765 / 0.640; engine process with the reserve on two
+threads 0.842 / 0.712, on one 0.877 / 0.799; on one without the reserve 0.740 / 0.726 (696-759
+engine steps against 650: the reserve is what keeps the engine full). The machine's CPU during a
+one-thread round is 1.2-1.3 cores: the engine's core is busy, the other mostly idle. What is
+left is the engine's own step: 4.6-5.1 ms on one thread against direct's 4.1 on two. Pinning the
+engine process to one core and the worker to the other gave nothing more (0.854 / 0.810 against
+0.865 / 0.813 unpinned, same sitting).""",
     "bulk_engine_process": """\
 `bench.bulk`'s vllm phase as above (its other phases never run the worker's engine), the worker
 with `--engine-process`: the engine in a process of its own on every core but one. No bulk
