@@ -142,13 +142,21 @@ engine process to one core and the worker to the other gave nothing more (0.854 
     "bulk_engine_process": """\
 `bench.bulk`'s vllm phase as above (its other phases never run the worker's engine), the worker
 with `--engine-process`: the engine in a process of its own on every core but one. No bulk
-reserve: this pool serves the interactive tenant too (README). One sitting on 3de345c, one run
-each: the 1,000-line job took 12.3 s against LLM.generate's 9.5 (0.77), and the interactive
-first-token p99 was 14.0 ms idle and 61.4 ms during the job; with `--bulk-reserve -1`, 0.77 and
-12.5 / 54.7 ms, 2193 engine steps instead of 2474; the engine thread 0.68 and 23.2 / 88.3 ms.
-Against PostgreSQL instead of SQLite (the reserve on) the wait split was the same: enqueue →
-claim p99 38.8 ms during the job against 8.2 idle, so the interactive tail during a job is not
-SQLite's write lock.""",
+reserve: this pool serves the interactive tenant too (README). Against the engine thread (one
+sitting on 3de345c, one run each) the job took 12.3 s against LLM.generate's 9.5 (0.77) instead
+of 0.68, and the interactive first-token p99 was 14.0 ms idle and 61.4 ms during the job instead
+of 23.2 and 88.3. With `--bulk-reserve -1` beside it (4 runs alternating, commit 9026316): ratio
+0.737 and 0.812 against 0.773 and 0.745 without, 2192 engine steps against 2422-2432 (direct:
+2048), and the p99 during the job 55.9-57.9 ms either way: the reserve keeps the engine full,
+and with the engine process it did not lengthen the interactive tail. That tail is one or two
+requests of ~140 (the p99 of the during phase is its second slowest), and they were slow in
+different places. A traced run (each interactive request's publish, delivery and claim timed in
+the API and the worker, instrumentation not kept) found the slowest waiting 85 ms in the API
+between admission and its publish (the bench's database is SQLite, whose one write lock the API
+shares with the pacer's releases and the worker's recorder), the next 34 ms between its publish
+and the worker's delivery; the recorder's claim took at most 7 ms of any. Against PostgreSQL
+instead of SQLite (the reserve on, one run) enqueue → claim p99 was 38.8 ms during the job
+against 8.2 idle.""",
     "latency": """\
 The simulated engine with zero step time, one worker (`workers.serve --engine simulated
 --sim-time-scale 0`), the API under granian (WSGI, 1 worker × 8 blocking threads,
