@@ -721,6 +721,7 @@ def bench_section(
     measured = (
         f" on commit {entry['commit']}{'+dirty' if entry.get('dirty') else ''}, "
         f"{entry.get('date', '?')}, {entry.get('form', '?')} form"
+        + (f", database {entry['database']}" if entry.get("database") else "")
         if "commit" in entry
         else ""
     )
@@ -754,7 +755,7 @@ def header(suite: dict[str, Any]) -> list[str]:
         INTRO,
         "",
         f"Run: {context_line(suite)}. Software: {software}; "
-        f"database {suite.get('database', 'unknown')}.",
+        f"database {suite.get('database', 'unknown')} (each bench's own below, where it says).",
         "",
     ]
 

@@ -486,6 +486,9 @@ def bench_label(name: str, entry: dict[str, Any], suite: dict[str, Any] | None =
         label = f"{name} (failed: exit {entry.get('returncode')})"
     if suite is not None and "commit" in entry and commit_label(entry) != commit_label(suite):
         label += f" (commit {commit_label(entry)}, {entry.get('date', '?')})"
+    # `make bench --only` with another $DATABASE_URL than the run it joins: say which it used.
+    if suite is not None and entry.get("database", suite.get("database")) != suite.get("database"):
+        label += f" ({entry['database']})"
     return label
 
 
@@ -499,7 +502,7 @@ def with_earlier(suite: dict[str, Any], earlier: dict[str, Any]) -> dict[str, An
             entries[bench.name] = suite["benches"][bench.name]
         elif bench.name in earlier.get("benches", {}):
             old = dict(earlier["benches"][bench.name])
-            for key in ("commit", "dirty", "date", "form"):
+            for key in ("commit", "dirty", "date", "form", "database"):
                 old.setdefault(key, earlier.get(key))
             entries[bench.name] = old
     merged["benches"] = entries
@@ -602,7 +605,7 @@ def run_suite(
         entry = run_bench(bench, full, python, timeout_s)
         # Each entry says which code and which form measured it: `--only` keeps the others'.
         entry.update(commit=suite["commit"], dirty=suite["dirty"], date=suite["date"])
-        entry["form"] = suite["form"]
+        entry.update(form=suite["form"], database=suite["database"])
         suite["benches"][bench.name] = entry
         print(f"{bench.name}: {entry['status']} in {entry['seconds']:.0f} s", flush=True)
         if entry["status"] != "ok":

@@ -64,7 +64,7 @@ def test_the_page_has_the_do_not_edit_header_the_run_line_and_a_section_per_benc
     assert "**Do not edit it by hand**" in page
     assert (
         "Run: commit abc1234+dirty, 2026-12-04 10:00 UTC, quick form; machine: x86_64 (test CPU), "
-        "2 cores. Software: celery 5.7.0; database sqlite."
+        "2 cores. Software: celery 5.7.0; database sqlite (each bench's own below, where it says)."
     ) in lines
     assert "## Added latency of the whole path — `bench/latency.py`" in lines
     assert (
@@ -74,6 +74,21 @@ def test_the_page_has_the_do_not_edit_header_the_run_line_and_a_section_per_benc
     assert "| — | — | 4.867 | — | — | — | — / — |" in lines
     assert "Results (`bench/results/deadlines.json`): **Failed** (exit 1; log " in page
     assert "No result." in lines
+
+
+def test_a_bench_measured_on_another_database_says_so_in_its_label_and_section():
+    run = synthetic_suite()
+    latency = run["benches"]["latency"]
+    latency.update(commit="abc1234", dirty=True, date="2026-12-04 10:00 UTC", form="quick")
+    latency["database"] = "postgresql"
+    assert render.summary_table(run)[2] == "| latency (postgresql) | p50 ms | 4.867 | ≤ 5 | yes |"
+    section = render.bench_section("latency", latency, {"p50_ms": 4.867})
+    assert (
+        "Results (`bench/results/latency.json`): Ran in 41 s on commit abc1234+dirty, "
+        "2026-12-04 10:00 UTC, quick form, database postgresql."
+    ) in section
+    latency["database"] = "sqlite"  # the run's own: nothing added
+    assert render.summary_table(run)[2] == "| latency | p50 ms | 4.867 | ≤ 5 | yes |"
 
 
 def test_a_bench_json_rewritten_after_the_suite_is_left_out(tmp_path: Path):
