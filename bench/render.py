@@ -156,7 +156,11 @@ between admission and its publish (the bench's database is SQLite, whose one wri
 shares with the pacer's releases and the worker's recorder), the next 34 ms between its publish
 and the worker's delivery; the recorder's claim took at most 7 ms of any. Against PostgreSQL
 instead of SQLite (the reserve on, one run) enqueue → claim p99 was 38.8 ms during the job
-against 8.2 idle.""",
+against 8.2 idle; without the reserve (two runs on 4a2b90a) the interactive p99 during the job
+was 31.2 and 29.0 ms against 17.8 and 13.4 idle (× 1.76 and 2.17), where SQLite's runs gave
+53-61 ms (× 3.2-4.8). With the pacer, the API and the recorder all writing, SQLite's one write
+lock (and its busy handler, which sleeps 1, 2, 5, 10, 15, 20, 25 ms ... between tries) is most
+of the tail. Each figure above says which database measured it.""",
     "latency": """\
 The simulated engine with zero step time, one worker (`workers.serve --engine simulated
 --sim-time-scale 0`), the API under granian (WSGI, 1 worker × 8 blocking threads,
