@@ -160,7 +160,10 @@ against 8.2 idle; without the reserve (two runs on 4a2b90a) the interactive p99 
 was 31.2 and 29.0 ms against 17.8 and 13.4 idle (× 1.76 and 2.17), where SQLite's runs gave
 53-61 ms (× 3.2-4.8). With the pacer, the API and the recorder all writing, SQLite's one write
 lock (and its busy handler, which sleeps 1, 2, 5, 10, 15, 20, 25 ms ... between tries) is most
-of the tail. Each figure above says which database measured it.""",
+of the tail. With the reserve on PostgreSQL (two runs on 1c710fe) the job gained (0.787 and
+0.818) but the tail did not always hold (p99 during the job 32.1 and 68.6 ms, × 2.34 and 4.26),
+so this entry keeps the README's advice for a pool with interactive traffic: no reserve. Each
+figure above says which database measured it.""",
     "latency": """\
 The simulated engine with zero step time, one worker (`workers.serve --engine simulated
 --sim-time-scale 0`), the API under granian (WSGI, 1 worker × 8 blocking threads,
