@@ -309,19 +309,18 @@ class ContinuousEngine:
                 continue
             parked = len(self._parked)
             try:
-                records = self._advance()
+                record = self._advance()
             except Exception as exc:
                 log.exception("engine step failed; failing its %d requests", len(self._futures))
                 self._fail_all(exc)
                 continue
-            for record in records:
-                self._record(record, parked)
+            self._record(record, parked)
         self._fail_all(RuntimeError("engine closed"))
         self._fail_parked(RuntimeError("engine closed"))
 
-    def _advance(self) -> list[StepRecord]:
-        """Run the engine one step (an engine elsewhere: wait for the steps it ran); the steps'
-        records, in order. Takes every join so far."""
+    def _advance(self) -> StepRecord:
+        """Run the engine one step here, taking every join so far; its record. (An engine that
+        steps elsewhere sends its records instead: `_receive`.)"""
         timed = self._step_log is not None
         started, cpu = (time.time(), time.thread_time()) if timed else (0.0, 0.0)
         running, joined = len(self._futures), self._joined.total()
@@ -331,7 +330,7 @@ class ContinuousEngine:
         # The loop thread's own CPU in the step: well under its wall time, the step waited
         # for the GIL or a core (other threads, other processes).
         cpu_ms = (time.thread_time() - cpu) * 1000 if timed else 0.0
-        return [StepRecord(started, ended, running, joined, cpu_ms, finished)]
+        return StepRecord(started, ended, running, joined, cpu_ms, finished)
 
     def _record(self, record: StepRecord, parked: int) -> None:
         """Count a step that ended, log it and settle the requests it finished."""
