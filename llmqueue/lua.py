@@ -31,10 +31,12 @@ def execute(pipe: redis.client.Pipeline) -> list[Any]:
     """`pipe.execute()`, re-running the EVALSHAs the server did not know after loading them;
     raises the first other error, as `execute` would, once every command ran."""
     stack = [args for args, _ in pipe.command_stack]
-    client = redis.Redis(connection_pool=pipe.connection_pool)
     results = pipe.execute(raise_on_error=False)
     missing = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
     if missing:
+        # Built only here: a client costs ~90 us of Python (its response callbacks), on every
+        # outcome's path to its caller when it was built for each execute.
+        client = redis.Redis(connection_pool=pipe.connection_pool)
         for sha in {stack[i][1] for i in missing}:
             client.script_load(_by_sha[sha].script)
         again = client.pipeline(transaction=False)
