@@ -102,6 +102,59 @@ def test_tokens_per_minute_hold_the_reservation_until_refunded(live):
     assert admit(lim, 10, 1.0).admitted  # and the bucket refills at tpm / 60 per second
 
 
+def _dump(client: redis.Redis) -> dict[bytes, object]:
+    """Every key's value (hashes as dicts), to compare two ways of reaching a state."""
+    dump: dict[bytes, object] = {}
+    for key in client.scan_iter():
+        kind = client.type(key)
+        if kind == b"hash":
+            dump[key] = client.hgetall(key)
+        elif kind == b"string":
+            dump[key] = client.get(key)
+        else:
+            dump[key] = client.zrange(key, 0, -1, withscores=True)
+    return dump
+
+
+def test_a_batch_settled_at_once_leaves_the_books_as_one_by_one_and_sends_fewer_commands(
+    live, monkeypatch
+):
+    hour_key = usage.counter_key
+    monkeypatch.setattr(usage, "counter_key", lambda t, tier, now=None: hour_key(t, tier, T0))
+    ended = [  # two tenants, one of them on two tiers; some never claimed (still waiting)
+        Ended(uuid.UUID(int=1), 1, 1, QUEUE, "succeeded", 400, 50, 100),
+        Ended(uuid.UUID(int=2), 1, 1, QUEUE, "succeeded", 300, 20, 30),
+        Ended(uuid.UUID(int=3), 1, 2, QUEUE, "expired", 200, was_waiting=True),
+        Ended(uuid.UUID(int=4), 2, 1, QUEUE, "failed", 100, 10, was_waiting=True),
+        Ended(uuid.UUID(int=5), 1, 1, QUEUE, "expired", 50, was_waiting=True),
+    ]
+
+    def books_after(batches: list[list[Ended]]) -> tuple[dict[bytes, object], int]:
+        live.flushdb()  # both start from the same buckets and counts
+        liveness.beat(live, "default", "w1", now=T0 + 3600)
+        for tenant in (1, 2):  # a bucket with room for every refund, and waiting counts
+            admit(limits(tenant_id=tenant, tokens_per_minute=6000, burst=10), 1000, 0.0)
+            live.set(books.waiting_key(QUEUE, tenant), 5)
+        commands = 0
+        for batch in batches:
+            pipe = live.pipeline(transaction=False)
+            accounting.settle(pipe, batch, now=T0 + 1)
+            commands += len(pipe.command_stack)
+            lua.execute(pipe)
+        return _dump(live), commands
+
+    one_by_one, separate_commands = books_after([[e] for e in ended])
+    at_once, batch_commands = books_after([ended])
+    assert at_once == one_by_one
+    assert live.hget(books.bucket_key("tokens", 1), "tokens") is not None
+    waiting = [int(live.get(books.waiting_key(QUEUE, tenant)) or 0) for tenant in (1, 2)]
+    assert waiting == [3, 4]
+    assert batch_commands < separate_commands
+    # One tenant's batch (an engine step's outcomes) costs what one of its requests does.
+    alike = [Ended(uuid.UUID(int=i), 1, 1, QUEUE, "succeeded", 400, 50, 100) for i in range(10)]
+    assert books_after([alike])[1] == books_after([alike[:1]])[1]
+
+
 def test_rejections_take_nothing_from_the_buckets(live):
     lim = limits(burst=1, max_queue_depth=1)
     live.lpush(QUEUE, "a message ahead")
