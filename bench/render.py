@@ -212,7 +212,13 @@ p50 / p99 wait 7.5 / 15.9 ms and 6.6 / 14.0 ms against 11.3 / 19.0 and 10.1 / 21
 child steps without waiting for the worker (step p99 6-7 ms against 11-12),
 so more of its steps pass while a request travels from Redis to the engine (publish → claim
 p50 1.2-1.7 ms either way) and to the child over the pipe: fewer milliseconds, more steps (one
-claimed request in 8 made the child's second step after its claim, not the first).""",
+claimed request in 8 made the child's second step after its claim, not the first). A shorter
+GIL switch interval in the worker does not change that (`sys.setswitchinterval` 0.5 ms against
+the default 5 ms, worker code of 21b6207, two runs each alternating): p50 / p99 wait 2 / 3 steps
+either way, publish → claim p99 7.0-7.2 ms against 5.3-7.9 ms, step p50 3.2-4.1 ms against
+3.5-4.1 ms. With a child that steps every ~4 ms, Redis → delivery (~1.7 ms) plus the rest of
+the running step already spans the next step's start. So the worker's default stays the engine
+thread: the goal counts steps, and the child's fewer milliseconds are more steps.""",
     "scheduling": """\
 The real stack — granian (1 × 16 threads) → Django admission → Redis → one `workers.serve` worker
 with `--engine simulated` (step-time model of an 8B model on one H100), `--max-num-seqs` (256)
