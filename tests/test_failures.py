@@ -94,3 +94,34 @@ def test_a_published_failure_reaches_the_waiting_api_with_its_kind(clean_redis):
     assert wait_for_outcome("f-1", 5) == Outcome(
         states.FAILURE, None, "ContextLengthExceeded", "2049 > 2048 tokens"
     )
+
+
+def test_books_that_fail_after_their_results_went_out_leave_the_results_published(
+    clean_redis, monkeypatch, caplog
+):
+    """The recorder sends a batch's results first and its books after (workers/recorder.py): a
+    refused settlement is logged, and the caller still has its result."""
+    import logging
+
+    import redis
+    from celery import states
+
+    from contract.keys import USAGE_PREFIX
+    from llmqueue import accounting
+    from llmqueue.api.results import Outcome, wait_for_outcome
+    from llmqueue.lifecycle import Ended
+    from workers.recorder import Books, send_books
+
+    def refused(pipe: object, ended: object, now: object = None) -> None:
+        raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'")
+
+    monkeypatch.setattr(accounting, "settle", refused)
+    ended = Ended(uuid.UUID(int=1), 1, 1, "default.interactive", "succeeded", 10, 2, 3)
+    with caplog.at_level(logging.ERROR, logger="workers.recorder"):
+        send_books(Books([("r-1", {"text": "hi"}, states.SUCCESS)], [ended]))
+    assert wait_for_outcome("r-1", 5) == Outcome(states.SUCCESS, {"text": "hi"})
+    [record] = [r for r in caplog.records if r.name == "workers.recorder"]
+    assert record.getMessage() == (
+        "settling 1 ended requests and 0 claims failed after their results were sent"
+    )
+    assert clean_redis.keys(f"{USAGE_PREFIX}:*") == []  # nothing of the books was sent

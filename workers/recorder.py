@@ -8,7 +8,7 @@ few statements instead of hundreds.
 It is also the only writer of outcomes to Celery's result backend: a finished, failed or expired
 request is committed to its row first (the source of truth), then published, all winners of a
 batch in one pipeline. Publishing here rather than from the task's thread saves the task thread
-a wake-up on every request's critical path (the generate task has `ignore_result`). The same
+a wake-up on every request's critical path (the generate task has `ignore_result`). A second
 round trip settles the ended requests' books (token refunds, usage: llmqueue/accounting.py) and
 counts the claims (each queue's drain rate, which admission's wait estimate reads); every few
 seconds the thread also moves usage counters into the DB.
@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from celery import states
 from celery.exceptions import TaskRevokedError
 from django.conf import settings
@@ -99,8 +100,18 @@ def send_books(books: Books) -> None:
 
     if books.results:
         backend.store_many(books.results)  # retried as `ensure` retries
-    if books.ended or books.claims or books.leads:
+    if not (books.ended or books.claims or books.leads):
+        return
+    try:
         backend.ensure(send_rest, ())
+    except redis.RedisError:
+        # The results are out and their callers have them: a failure here is not a failed
+        # publish. What it loses is bookkeeping (a refund, usage, a drain count), as before.
+        log.exception(
+            "settling %d ended requests and %d claims failed after their results were sent",
+            len(books.ended),
+            len(books.claims),
+        )
 
 
 def _revoked(request_id: uuid.UUID) -> tuple[str, Any, str]:
