@@ -10,6 +10,8 @@ llmqueue/lifecycle.py decide that), so nothing is settled twice.
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+
 import redis
 
 from llmqueue import latencies, usage
@@ -30,20 +32,20 @@ def settle(pipe: redis.client.Pipeline, ended: list[Ended], now: float | None = 
     command per request (a refund script and seven counters each) was most of the worker's Redis
     traffic under load. A sum refunds what the requests' refunds would one after another (each
     adds to the bucket, capped at its size, at the same instant)."""
-    refunds: dict[int, int] = {}
-    counts: dict[tuple[int, int], dict[str, int]] = {}
-    waiting: dict[tuple[str, int], int] = {}
+    refunds: Counter[int] = Counter()
+    counts: defaultdict[tuple[int, int], Counter[str]] = defaultdict(Counter)
+    waiting: Counter[tuple[str, int]] = Counter()
     for e in ended:
-        refunds[e.tenant_id] = refunds.get(e.tenant_id, 0) + unused_tokens(e)
-        fields = counts.setdefault((e.tenant_id, e.tier_id), {})
-        for field, amount in (
-            (e.outcome, 1),
-            ("prompt_tokens", e.prompt_tokens),
-            ("completion_tokens", e.completion_tokens),
-        ):
-            fields[field] = fields.get(field, 0) + amount
+        refunds[e.tenant_id] += unused_tokens(e)
+        counts[e.tenant_id, e.tier_id].update(
+            {
+                e.outcome: 1,
+                "prompt_tokens": e.prompt_tokens,
+                "completion_tokens": e.completion_tokens,
+            }
+        )
         if e.was_waiting and e.queue:
-            waiting[e.queue, e.tenant_id] = waiting.get((e.queue, e.tenant_id), 0) + 1
+            waiting[e.queue, e.tenant_id] += 1
     for tenant_id, tokens in refunds.items():
         books.refund(pipe, tenant_id, tokens, now)
     for (tenant_id, tier_id), fields in counts.items():
