@@ -1,6 +1,7 @@
 """The Redis broker transport llmqueue runs on: kombu's own, minus a client built per command,
-plus the two hooks the worker's dispatcher needs (workers/queue_order.py), plus a record of which
-worker holds each delivered message (its held set), for crash recovery (celery_ext/rescue.py).
+plus the hooks the worker's dispatcher needs (workers/queue_order.py: the queue order, each
+message as it is read, each message once held), plus a record of which worker holds each
+delivered message (its held set), for crash recovery (celery_ext/rescue.py).
 
 kombu's Redis channel builds a new `redis.Redis` object for every publish, fetch bookkeeping and
 ack (`conn_or_acquire` → `_create_client`). redis-py's constructor copies ~200 response callbacks
@@ -91,6 +92,9 @@ class QoS(kombu_redis.QoS):
         if _owner is not None:
             _held_here.add(_tag(delivery_tag))
         virtual.QoS.append(self, message, delivery_tag)
+        hook = _held_hook
+        if hook is not None:
+            hook()
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
         """kombu's ack bookkeeping (index + hash), and the tag leaves its owner's held set."""
@@ -176,6 +180,18 @@ def on_delivery(hook: Callable[[dict[str, Any], str], None] | None) -> None:
     """Have `hook(message, queue)` see every message this process's consumer receives."""
     global _delivery_hook
     _delivery_hook = hook
+
+
+# Called once a fetched message is recorded as held (kombu's unacked bookkeeping), before Celery
+# handles it.
+_held_hook: Callable[[], None] | None = None
+
+
+def on_held(hook: Callable[[], None] | None) -> None:
+    """Have `hook()` run after each fetched message's unacked bookkeeping, before Celery's
+    strategy sees the message."""
+    global _held_hook
+    _held_hook = hook
 
 
 class Channel(kombu_redis.Channel):

@@ -422,3 +422,49 @@ def test_shared_queue_puts_every_tier_of_a_pool_on_one_queue(transactional_db: N
     settings.LLMQUEUE_SHARED_QUEUE = True
     assert queue_name("chat", "batch") == queue_name("chat", "interactive") == "chat.all-tiers"
     assert pool_queues("chat") == ["chat.all-tiers"]
+
+
+class StartedChains:
+    """Prestarts that only keep what the dispatcher starts: a chain's hold is released when
+    the test ends it."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.holds: list[Any] = []
+
+    def start(self, payload: TaskPayload, lane: str, hold: Any, redelivered: bool) -> None:
+        self.started.append(payload["request_id"])
+        self.holds.append(hold)
+
+
+def test_a_lone_request_has_the_consumer_wait_for_its_recording_before_celery_sees_it(
+    transactional_db: None,
+):
+    import json
+
+    from contract.task import GENERATE_TASK
+    from llmqueue.queueing.publisher import task_envelope
+
+    def message(*ids: str) -> dict[str, Any]:
+        args = [[payload(i, "x" * 40, 10) for i in ids]]
+        return json.loads(task_envelope(GENERATE_TASK, ids[0], INTER, args, None, repr(ids)))
+
+    waits: list[float] = []
+    d, chains = dispatcher(), StartedChains()
+    d.prestarts = chains  # type: ignore[assignment]
+    d.recorder_quiet = waits.append
+    d.delivered(message("r1"), INTER)
+    d.held()
+    d.held()  # once per delivery
+    assert waits == [queue_order.LONE_REQUEST_WAIT_SECONDS]
+    d.delivered(message("r2"), INTER)  # r1 is still in flight: r2 is not alone
+    d.held()
+    d.delivered(message("b1", "b2"), BATCH)  # a chunk of a bulk job is not a lone request
+    d.held()
+    assert waits == [queue_order.LONE_REQUEST_WAIT_SECONDS]
+    for hold in chains.holds:  # their chains ended
+        hold.release()
+    d.delivered(message("r3"), INTER)  # the others ended: alone again
+    d.held()
+    assert waits == [queue_order.LONE_REQUEST_WAIT_SECONDS] * 2
+    assert chains.started == ["r1", "r2", "b1", "b2", "r3"]

@@ -244,3 +244,51 @@ def test_the_recorder_reconnects_when_the_server_dropped_its_connection():
     assert (second.status, second.attempts, second.output_text) == (S.SUCCEEDED, 1, "out")
     recorder.close()
     assert [str(second.id)] == [r[0] for b in published for r in b.results]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_recorder_sends_an_outcome_before_its_event_lines_and_says_when_it_is_quiet():
+    """A lone request's consumer waits for `wait_quiet` (workers/queue_order.py): it returns
+    once everything submitted is recorded and sent. The event lines of a claim and a finish
+    are written after the outcome went out, in the order they happened."""
+    import json
+    import logging
+    import threading
+
+    from contract import events
+    from workers.recorder import Books, Recorded, Recorder
+
+    lines: list[str] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(record.getMessage())["event"])
+
+    gate, published = threading.Event(), []
+
+    def publish(books: Books) -> None:
+        if books.results:
+            gate.wait(10)
+            published.append(([r[0] for r in books.results], list(lines)))
+
+    handler = Kept()
+    logger = logging.getLogger(events.LOGGER)
+    logger.addHandler(handler)
+    recorder = Recorder(publish)
+    try:
+        row = make_request()
+        claimed = recorder.claim(row.id, "w1")
+        finished = recorder.finish(done(row.id, 1))  # the engine was done before the claim
+        assert claimed.result(timeout=10).attempt == 1
+        assert recorder.wait_quiet(0.2) is False  # the outcome is not sent yet
+        assert not finished.done()
+        gate.set()
+        assert recorder.wait_quiet(10) is True
+        assert finished.result(timeout=10) == Recorded(won=True, published=True)
+        assert published == [([str(row.id)], [])]  # sent before any of its lines
+        assert lines == ["dispatched", "finished"]
+        assert recorder.wait_quiet(0) is True  # nothing submitted since
+    finally:
+        gate.set()
+        recorder.close()
+        logger.removeHandler(handler)

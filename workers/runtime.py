@@ -167,6 +167,7 @@ def build_runtime(
     runtime = WorkerRuntime(node, pool, engine, dispatcher, recorder, follower, served)
     runtime.info = dict(info or {})
     dispatcher.prestarts = PreStarts(partial(start_delivered, node, recorder, engine, served))
+    dispatcher.recorder_quiet = recorder.wait_quiet
     if isinstance(engine, ContinuousEngine):
         engine.admission = dispatcher.may_start
         dispatcher.budget.parked = engine.parked_count
