@@ -96,6 +96,35 @@ def test_a_published_failure_reaches_the_waiting_api_with_its_kind(clean_redis):
     )
 
 
+def test_a_waiting_thread_stays_on_its_last_channel_only_and_ignores_its_late_messages(clean_redis):
+    """The API leaves a result's channel at the thread's next wait, not between the outcome
+    and the response (llmqueue/api/results.py): one channel stays subscribed per thread, and a
+    duplicate published there later is not taken for the next request's outcome."""
+    import threading
+
+    from celery import states
+
+    from llmqueue.api.results import Outcome, wait_for_outcome
+    from project.celery import app
+
+    def channel(task_id: str) -> str:
+        return app.backend.get_key_for_task(task_id).decode()
+
+    app.backend.store_many([("a-1", {"text": "a"}, states.SUCCESS)])
+    assert wait_for_outcome("a-1", 5) == Outcome(states.SUCCESS, {"text": "a"})
+    assert clean_redis.pubsub_numsub(channel("a-1")) == [(channel("a-1").encode(), 1)]
+    app.backend.store_many([("a-1", {"text": "late"}, states.SUCCESS)])  # a duplicate, later
+    # b-1's outcome comes while the thread waits for it, behind a-1's late message.
+    later = threading.Timer(0.2, app.backend.store_many, [[("b-1", {"text": "b"}, states.SUCCESS)]])
+    later.start()
+    assert wait_for_outcome("b-1", 5) == Outcome(states.SUCCESS, {"text": "b"})
+    later.join()
+    assert clean_redis.pubsub_numsub(channel("a-1"), channel("b-1")) == [
+        (channel("a-1").encode(), 0),
+        (channel("b-1").encode(), 1),
+    ]
+
+
 def test_books_that_fail_after_their_results_went_out_leave_the_results_published(
     clean_redis, monkeypatch, caplog
 ):
