@@ -119,7 +119,16 @@ On 2 cores the ratio is bounded by CPU, not by the GIL any more: direct keeps bo
 (its CPU is twice its wall time: OpenMP spins), so whatever the queue spends (~3 ms per request
 with one prompt per message, plus Redis and the bench's own collector) comes off the engine's
 cores. With one OpenMP thread the child's quiet steps run slower than direct's two-thread ones
-(p50 5-7 ms against ~4.5).""",
+(p50 5-7 ms against ~4.5).
+
+Side by side over cffa815-144619a (a lone request's recording first, event lines after the
+outcome; compare-lone-throughput below, 2 runs per side in a noisy hour: direct alone took
+2.87-4.06 s per round in it), one prompt per message read 0.62 and 0.66 before against
+0.59 and 0.54 after. The queue's own work per request did not move: its CPU 2.57, 2.37, 2.80 ms
+per request before against 2.47, 2.47, 3.77 after (the last a round with a slow tail), Redis
+commands 32.6, 33.2, 30.9 against 32.6, 32.4, 35.4. Those commits wait only when nothing else is
+in flight on the worker (the first message of a round here) and move the event lines' Python
+later, not out, so this reads as the hour's noise; the next sitting runs it again.""",
     "throughput_engine_process": """\
 `bench.throughput` as above, the stack's worker in the layout the README advises for a CPU bulk
 pool: `--engine-process` (the engine steps in a process of its own, fed over a pipe:
@@ -182,7 +191,20 @@ this 2-core VM a wake costs. The same code (f9257d8, 2026-12-07) at `--rate 120`
 5.3 ms (p99 11 and 23 ms) against 6.6-7.9 ms at 20/s in the same hour, with the worker's CPU per
 request down from ~5.3 to ~4.0 ms. Two `nice -n 19` spinners that kept both cores awake at
 20/s gave 6.3 and 6.7 ms against 7.0 and 7.1 ms without, taking turns. The quick form stays at
-20/s: a caller's request on a quiet system is the case the goal is about.""",
+20/s: a caller's request on a quiet system is the case the goal is about.
+
+Where a request's time went in the worker (temporary wrappers around the path's functions, not
+kept; medians of ~295 requests, ms after the message was read; 2026-12-07). On 7cb8c1b the
+recorder's claim ran 0.71-1.93, its finish 2.19-2.53, and the outcome was out at 3.33. Meanwhile
+kombu's unacked bookkeeping (0.24-1.22), Celery's strategy and the task's thread (2.2-4.2) ran
+their Python under the same GIL, and two event lines (0.15 ms each) came between claim, finish and
+publish. Since cffa815 a lone request (nothing else in flight on the worker) has the consumer wait
+for the recorder to go quiet before Celery sees the message, and event lines are written once
+nothing waits. Claim 0.43-1.27, finish 1.38-1.77, outcome out at 2.14. The API's own part on
+the same trace: 2.66 ms from the WSGI handler's entry to the LPUSH (Django before the view
+0.38, admission's script 0.71, row insert 0.49, publish 0.57), then 0.22 ms from the outcome's
+message to the response built, 0.10 of it the UNSUBSCRIBE that now waits for the thread's next
+call (144619a).""",
     "headroom": """\
 vLLM CPU build, engine core in-process, eager, float32, tiny local Llama, `--max-num-seqs`
 sequences, the engine's OpenMP team on `--engine-cpu-threads` threads in every phase (default:
@@ -286,7 +308,13 @@ the interactive tokens ours served beyond strict's (admission sheds by each queu
 the two serve different numbers of interactive requests, and with the engine full under both,
 each interactive token one serves more is one its batch does not get). Where the engine has room
 for every batch request under both orders, their batch progress is equal; `beats strict` says
-where ours is strictly ahead.""",
+where ours is strictly ahead.
+
+The scenario closest to the floor, seed 2 with long prompts, moves by a few shed requests from
+run to run: 3 shed and 0.9922 on dc5bd72, 6 and 0.9792 in the run below. The same scenario again
+(`bench.scheduling_sweep --quick --seeds 2 --mixes long-prompt`, 2026-12-07 16:49-16:56 UTC, one
+after the other) gave ours 0.9896 (4 shed) on 7cb8c1b and 0.9922 (3 shed) on 144619a, strict
+0.987 in both.""",
     "admission": """\
 The API under granian (WSGI, `--api-workers` processes × `--threads` blocking threads), its own
 fresh database (PostgreSQL when `$DATABASE_URL` names a server, as the goal is stated; else a
