@@ -128,7 +128,9 @@ outcome; compare-lone-throughput below, 2 runs per side in a noisy hour: direct 
 per request before against 2.47, 2.47, 3.77 after (the last a round with a slow tail), Redis
 commands 32.6, 33.2, 30.9 against 32.6, 32.4, 35.4. Those commits wait only when nothing else is
 in flight on the worker (the first message of a round here) and move the event lines' Python
-later, not out, so this reads as the hour's noise; the next sitting runs it again.""",
+later, not out. The same comparison again right after (compare-lone-throughput-2) turned the
+other way: 0.60 and 0.61 before against 0.72 and 0.63 after with one prompt per message, 0.70
+and 0.77 against 0.80 and 0.84 with 8. Both pairs are the hour's noise.""",
     "throughput_engine_process": """\
 `bench.throughput` as above, the stack's worker in the layout the README advises for a CPU bulk
 pool: `--engine-process` (the engine steps in a process of its own, fed over a pipe:
