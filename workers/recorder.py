@@ -170,9 +170,8 @@ class Recorder:
         # Whether jobs were submitted that the thread has not recorded and sent yet.
         self._working = False
         self._quiet = threading.Condition()
-        # Event lines to write when nothing waits (`_log`), and since when the oldest waits.
+        # Event lines to write once the round trip they belong to is sent (`_log`).
         self._events: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
-        self._events_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="llmqueue-recorder", daemon=True)
         self._thread.start()
 
@@ -247,7 +246,6 @@ class Recorder:
                     self._apply(batch, handler)
             self._send_books()
             closing = [j for j in jobs if j[0] == "close"]
-            self._write_events(force=bool(closing))
             if closing:
                 self._send_books(force=True)  # claim counts that waited for a next round
                 connection.close()
@@ -397,33 +395,17 @@ class Recorder:
             self._books_since = time.monotonic()
 
     def _log(self, log_events: Callable[..., None], *args: Any) -> None:
-        """Write event lines (llmqueue/lifecycle_events.py) once nothing waits for the thread:
-        ~0.15 ms of Python per line, which came between a claim and its request's finish, and
-        between a finish and its publish, on the path of every short request."""
+        """Write event lines (llmqueue/lifecycle_events.py) once the books they go with are
+        sent: ~0.15 ms of Python per line, which came between a claim and its request's finish,
+        and between a finish and its publish, on the path of every short request."""
         self._events.append((log_events, args))
-        if self._events_since is None:
-            self._events_since = time.monotonic()
-
-    def _write_events(self, force: bool = False) -> None:
-        """The event lines held back, in the order they happened, once no job is queued (or
-        they waited `_CLAIM_BOOKS_WAIT_SECONDS`)."""
-        if self._events_since is None:
-            return
-        waited = time.monotonic() - self._events_since
-        if not force and not self._jobs.empty() and waited < _CLAIM_BOOKS_WAIT_SECONDS:
-            return
-        events, self._events, self._events_since = self._events, [], None
-        for log_events, args in events:
-            try:
-                log_events(*args)
-            except Exception:  # a log line must not stop the recording
-                log.exception("writing lifecycle events failed")
 
     def _send_books(self, force: bool = False) -> None:
         """One pipeline for the round's books, once its rows are committed. Claim counts alone
         (nobody waits for them) ride along with the next round's while more jobs are queued: a
         claim is mostly followed by its finish, so a short request's outcome goes out one round
-        trip sooner (bounded: claim counts wait at most `_CLAIM_BOOKS_WAIT_SECONDS`)."""
+        trip sooner (bounded: claim counts wait at most `_CLAIM_BOOKS_WAIT_SECONDS`). The
+        round's event lines follow, once the outcomes are out and their jobs told."""
         if self._books_since is None:
             return
         if (
@@ -434,14 +416,19 @@ class Recorder:
             and time.monotonic() - self._books_since < _CLAIM_BOOKS_WAIT_SECONDS
         ):
             return
-        books, on_sent = self._books, self._on_sent
-        self._books, self._on_sent, self._books_since = Books(), [], None
+        books, on_sent, events = self._books, self._on_sent, self._events
+        self._books, self._on_sent, self._events, self._books_since = Books(), [], [], None
         published = self._send(books)
         for callback in on_sent:
             try:
                 callback(published)
             except Exception:  # one waiter's failure must not strand the others
                 log.exception("telling a job its books were sent failed")
+        for log_events, args in events:  # in the order they happened
+            try:
+                log_events(*args)
+            except Exception:  # a log line must not stop the recording
+                log.exception("writing lifecycle events failed")
 
     def _send(self, books: Books) -> bool:
         if not books:
