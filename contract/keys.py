@@ -31,6 +31,17 @@ def workers_key(pool: str) -> str:
     return f"{PREFIX}:workers:{pool}"
 
 
+# Sets of the names of a key family, kept by whoever writes the family, so that readers of the
+# whole family never SCAN: broker, result backend and these books share one Redis database,
+# whose result keys alone number a day of requests (contract/key_index.py).
+WORKERS_INDEX_KEY = f"{PREFIX}:index:workers"
+"""workers_key names of the pools any worker has beaten in."""
+USAGE_INDEX_KEY = f"{PREFIX}:index:usage"
+"""usage_key names counted in and not flushed yet."""
+TOTALS_INDEX_KEY = f"{PREFIX}:index:totals"
+"""totals_key names ever counted in."""
+
+
 def worker_stats_key(pool: str) -> str:
     """A pool's workers' counters as of their last beat (a hash by node)."""
     return f"{PREFIX}:worker-stats:{pool}"

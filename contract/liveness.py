@@ -9,6 +9,8 @@ from typing import Any
 
 import redis
 
+from contract import key_index
+from contract.keys import WORKERS_INDEX_KEY
 from contract.keys import worker_stats_key as stats_key
 from contract.keys import workers_key as pool_key
 
@@ -32,12 +34,11 @@ def beat(
     stats: dict[str, Any] | None = None,
 ) -> None:
     """Record that `node` serves `pool` now, with its counters (workers/cost.py) if given."""
-    if stats is None:
-        client.zadd(pool_key(pool), {node: time.time() if now is None else now})
-        return
     pipe = client.pipeline(transaction=False)
     pipe.zadd(pool_key(pool), {node: time.time() if now is None else now})
-    pipe.hset(stats_key(pool), node, json.dumps(stats))
+    pipe.sadd(WORKERS_INDEX_KEY, pool_key(pool))
+    if stats is not None:
+        pipe.hset(stats_key(pool), node, json.dumps(stats))
     pipe.execute()
 
 
@@ -81,11 +82,13 @@ def stale_workers(
     older: dead, or cut off from Redis."""
     cutoff = (time.time() if now is None else now) - stale_seconds
     prefix = pool_key("")
-    found = []
-    for key in client.scan_iter(match=f"{prefix}*", count=200):
-        name = key.decode() if isinstance(key, bytes) else str(key)
-        for node in client.zrangebyscore(name, "-inf", cutoff):
-            found.append(
-                (name[len(prefix) :], node.decode() if isinstance(node, bytes) else str(node))
-            )
-    return found
+    keys = key_index.members(client, WORKERS_INDEX_KEY, f"{prefix}*")
+    pools = [key[len(prefix) :] for key in keys]
+    pipe = client.pipeline(transaction=False)
+    for pool in pools:
+        pipe.zrangebyscore(pool_key(pool), "-inf", cutoff)
+    return [
+        (pool, node.decode() if isinstance(node, bytes) else str(node))
+        for pool, nodes in zip(pools, pipe.execute(), strict=True)
+        for node in nodes
+    ]

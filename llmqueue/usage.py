@@ -4,13 +4,14 @@ Admission counts admissions and rejections by reason inside its one script, and 
 recorder counts outcomes and tokens in the pipeline that publishes them: no round trip of its own.
 `flush` moves the counters into hourly TenantUsage rows (each key read and deleted atomically, so
 any number of flushers may run at once): workers flush every few seconds, the admin's usage page
-before it reads.
+before it reads. Every writer lists its key in USAGE_INDEX_KEY after its increments (a flush
+between the two finds a listed name with nothing left, or takes the increment with the key), and
+`flush` reads that list, not the keyspace (contract/key_index.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import redis
@@ -18,7 +19,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from contract.keys import USAGE_PREFIX, totals_key, usage_key
+from contract import key_index
+from contract.keys import TOTALS_INDEX_KEY, USAGE_INDEX_KEY, USAGE_PREFIX, totals_key, usage_key
 from llmqueue.models import TenantUsage
 from llmqueue.redis_client import get_redis
 
@@ -29,10 +31,12 @@ FIELDS = frozenset(
     f.name for f in TenantUsage._meta.get_fields() if f.name not in ("id", "tenant", "tier", "hour")
 )
 
-# Read a counter hash and delete it in one step: two flushers never count the same hit twice.
+# Read a counter hash, delete it and unlist it (KEYS[2], the index) in one step: two flushers
+# never count the same hit twice.
 _TAKE = """
 local fields = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], KEYS[1])
 return fields
 """
 
@@ -52,12 +56,18 @@ def count(
     """Queue on `pipe` increments of usage fields (e.g. {"succeeded": 1, "prompt_tokens": 12}),
     in the hour's counters and in the never-flushed totals /metrics reads."""
     key, totals = counter_key(tenant_id, tier_id), totals_key(tenant_id, tier_id)
+    counted = False
     for field, amount in counts.items():
         if amount:
+            counted = True
             pipe.hincrby(key, field, amount)
             if settings.LLMQUEUE_METRICS:
                 pipe.hincrby(totals, field, amount)
     pipe.expire(key, COUNTER_TTL_SECONDS)
+    if counted:
+        pipe.sadd(USAGE_INDEX_KEY, key)
+        if settings.LLMQUEUE_METRICS:
+            pipe.sadd(TOTALS_INDEX_KEY, totals)
 
 
 def _parse_key(key: str) -> tuple[int, int, datetime]:
@@ -65,9 +75,8 @@ def _parse_key(key: str) -> tuple[int, int, datetime]:
     return int(tenant_id), int(tier_id), datetime.fromtimestamp(int(hour), tz=UTC)
 
 
-def _keys(client: redis.Redis) -> Iterable[str]:
-    for key in client.scan_iter(match=f"{USAGE_PREFIX}:*", count=500):
-        yield key.decode() if isinstance(key, bytes) else key
+def _keys(client: redis.Redis) -> list[str]:
+    return key_index.members(client, USAGE_INDEX_KEY, f"{USAGE_PREFIX}:*")
 
 
 def flush(client: redis.Redis | None = None) -> int:
@@ -76,7 +85,7 @@ def flush(client: redis.Redis | None = None) -> int:
     take = client.register_script(_TAKE)
     touched = 0
     for key in _keys(client):
-        raw = take(keys=[key])
+        raw = take(keys=[key, USAGE_INDEX_KEY])
         counts = {
             _text(raw[i]): int(raw[i + 1]) for i in range(0, len(raw), 2) if _text(raw[i]) in FIELDS
         }

@@ -111,6 +111,8 @@ def _dump(client: redis.Redis) -> dict[bytes, object]:
             dump[key] = client.hgetall(key)
         elif kind == b"string":
             dump[key] = client.get(key)
+        elif kind == b"set":
+            dump[key] = client.smembers(key)
         else:
             dump[key] = client.zrange(key, 0, -1, withscores=True)
     return dump

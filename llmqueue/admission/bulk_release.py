@@ -9,13 +9,20 @@ from typing import Any
 
 from django.conf import settings
 
-from contract.keys import bucket_key, totals_key, waiting_key
+from contract.keys import (
+    TOTALS_INDEX_KEY,
+    USAGE_INDEX_KEY,
+    bucket_key,
+    totals_key,
+    waiting_key,
+)
 from llmqueue import usage
 from llmqueue.admission.books import LUA_NOW, now_arg
 from llmqueue.redis_client import get_redis
 
 # KEYS[1] the tenant's token bucket, KEYS[2] its waiting count in the queue, KEYS[3] its usage
-# counters of this hour, KEYS[4] its totals for /metrics; ARGV: now, tokens per minute, the usage
+# counters of this hour, KEYS[4] its totals for /metrics, KEYS[5] and KEYS[6] the index sets
+# that list usage and totals keys (llmqueue/usage.py); ARGV: now, tokens per minute, the usage
 # counters' ttl, "1" when metrics are on, then each line's need. Takes the longest prefix of lines
 # that fits and counts it admitted, as admission counts an API call; returns its length. The
 # refill is admission's: tpm/60 per second up to tpm.
@@ -42,7 +49,11 @@ if taken > 0 then
   redis.call('EXPIRE', KEYS[2], ARGV[3])
   redis.call('HINCRBY', KEYS[3], 'admitted', taken)
   redis.call('EXPIRE', KEYS[3], ARGV[3])
-  if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[4], 'admitted', taken) end
+  redis.call('SADD', KEYS[5], KEYS[3])
+  if ARGV[4] == '1' then
+    redis.call('HINCRBY', KEYS[4], 'admitted', taken)
+    redis.call('SADD', KEYS[6], KEYS[4])
+  end
 end
 return taken
 """
@@ -66,6 +77,8 @@ def take_tokens(
         waiting_key(queue, tenant_id),
         usage.counter_key(tenant_id, tier_id, now),
         totals_key(tenant_id, tier_id),
+        USAGE_INDEX_KEY,
+        TOTALS_INDEX_KEY,
     ]
     metrics = "1" if settings.LLMQUEUE_METRICS else ""
     args = [now_arg(now), tokens_per_minute, usage.COUNTER_TTL_SECONDS, metrics, *needs]

@@ -25,6 +25,8 @@ from django.conf import settings
 from contract import latency, liveness
 from contract.keys import (
     CONFIG_VERSION_KEY,
+    TOTALS_INDEX_KEY,
+    USAGE_INDEX_KEY,
     admissions_window_key,
     bucket_key,
     drain_key,
@@ -63,11 +65,15 @@ local window_ttl = tonumber(ARGV[15])
 local metrics = ARGV[16] == '1'
 local version = redis.call('GET', KEYS[7]) or '0'
 
+-- Usage (KEYS[6]) and totals (KEYS[9]) are listed in their index sets (KEYS[12], KEYS[13])
+-- after each count, as every writer of theirs does (llmqueue/usage.py).
 local function reject(reason, retry_after, rate, ahead, wait)
   redis.call('HINCRBY', KEYS[6], 'rejected_' .. reason, 1)
   redis.call('EXPIRE', KEYS[6], usage_ttl)
+  redis.call('SADD', KEYS[12], KEYS[6])
   if metrics then
     redis.call('HINCRBY', KEYS[9], 'rejected_' .. reason, 1)
+    redis.call('SADD', KEYS[13], KEYS[9])
     redis.call('HINCRBY', KEYS[10], 'rejected', 1)
     redis.call('EXPIRE', KEYS[10], window_ttl)
   end
@@ -176,8 +182,10 @@ if ARGV[17] ~= '' then
 end
 redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 redis.call('EXPIRE', KEYS[6], usage_ttl)
+redis.call('SADD', KEYS[12], KEYS[6])
 if metrics then
   redis.call('HINCRBY', KEYS[9], 'admitted', 1)
+  redis.call('SADD', KEYS[13], KEYS[9])
   redis.call('HINCRBY', KEYS[10], 'admitted', 1)
   redis.call('EXPIRE', KEYS[10], window_ttl)
 end
@@ -274,6 +282,8 @@ def admit(limits: Limits, tokens: int, now: float | None = None, request_id: str
             limits.tier_id, latency.minute_of(time.time() if now is None else now)
         ),
         publishing_key(limits.queue),
+        USAGE_INDEX_KEY,
+        TOTALS_INDEX_KEY,
     ]
     tenant_depth = max(1, math.floor(limits.max_queue_depth * limits.max_tier_share))
     args = [

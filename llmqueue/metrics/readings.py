@@ -18,10 +18,11 @@ import redis
 from django.conf import settings
 from django.db.models import Min
 
-from contract import latency, liveness
+from contract import key_index, latency, liveness
 from contract.keys import (
     API_ERRORS_KEY,
     RECONCILED_KEY,
+    TOTALS_INDEX_KEY,
     TOTALS_PREFIX,
     drain_key,
     latency_key,
@@ -163,7 +164,7 @@ def read_queues(
 def read_totals(
     client: redis.Redis, tier_names: dict[int, str], labels: dict[int, str]
 ) -> dict[tuple[str, str, str], int]:
-    keys = [_text(k) for k in client.scan_iter(match=f"{TOTALS_PREFIX}:*:*", count=500)]
+    keys = key_index.members(client, TOTALS_INDEX_KEY, f"{TOTALS_PREFIX}:*:*")
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hgetall(key)
