@@ -339,14 +339,22 @@ the tier's depth cap so the growing queue never refuses. Three phases, `--durati
    first send to the last answer.
 
 The run checks itself: every answer had its stream's status, every rejection a `Retry-After`, and
-rows = broker messages = 202s (+ warm-up).""",
+rows = broker messages = 202s (+ warm-up).
+
+The run below (7af47a0, 2026-12-07 19:30 UTC) was on a slower machine than the runs before it
+(direct `LLM.generate` took 5.1-6.3 s per round in bench.throughput, against 3.6 s): 402
+admitted/s and a rejection p50 of 32 ms. The same bench against the commit before in the same
+hour (compare-key-index below; two more `SADD`s in admission's script) gave rejection p99 54 and
+30 ms before, 61 and 49 ms after, and 805 and 596 admitted/s before, 598 and 610 after. The
+overload bench's floor in that run, a bare view (`GET /health`) under the same load, had a p99
+of 20.6 ms, and its rejections 25.5 ms.""",
     "metrics_overhead": """\
 `bench/admission.py` (admitted requests/s) and `bench/latency.py` (whole-path p50) run with the
 figures of `/metrics` counted and the lifecycle events logged (the defaults) and with both off
 (`LLMQUEUE_METRICS=false`, `LLMQUEUE_EVENT_LOG_LEVEL=WARNING`), the two sides taking turns
-`--repeats` times each. On costs, per request, one more `HINCRBY` pair inside admission's script,
-a few histogram increments in the recorder's existing pipeline (per batch, not per request) and
-one JSON log line per event.""",
+`--repeats` times each. On costs, per request, one more `HINCRBY` and `SADD` inside admission's
+script (the totals and their index set), a few histogram increments in the recorder's existing
+pipeline (per batch, not per request) and one JSON log line per event.""",
     "bulk": """\
 Three phases, each with its own DB, Redis db, the API under granian and `manage.py bulk_pacer`.
 **enqueue**: `POST /v1/files` + `POST /v1/batches` of 10,000 lines, timed until the batch answers
