@@ -130,7 +130,24 @@ commands 32.6, 33.2, 30.9 against 32.6, 32.4, 35.4. Those commits wait only when
 in flight on the worker (the first message of a round here) and move the event lines' Python
 later, not out. The same comparison again right after (compare-lone-throughput-2) turned the
 other way: 0.60 and 0.61 before against 0.72 and 0.63 after with one prompt per message, 0.70
-and 0.77 against 0.80 and 0.84 with 8. Both pairs are the hour's noise.""",
+and 0.77 against 0.80 and 0.84 with 8. Both pairs are the hour's noise.
+
+Against issue 10's baseline, 2086641, the last commit before the dispatch policy and its
+bookkeeping (compare-issue10-baseline below; 3 runs per side, each with its own bench, taking
+turns, 2026-12-07 21:28-21:34 UTC): medians 0.965 / 0.875 before against 0.788 / 0.689 on c12b6d0
+with 8 / 1 prompts per message. The quarter the issue found is not won back: what is left of it is
+15-20 %. Where it is not, measured in the same hour (3 rounds a run, 2 runs each): 2086641 with the
+short line (`--slots 66`, as today's default) 0.948 / 0.835 and 0.860 / 0.838, so the line costs it
+nothing; today's worker without the bulk join limit (`--bulk-joins-per-step -1`) 0.824 / 0.797 and
+0.773 / 0.588, with the bulk reserve 0.830 / 0.625 and 0.738 / 0.671, by default 0.714 / 0.663 and
+0.830 / 0.758. Where it is: py-spy `--gil` on each worker, one prompt per message, 40 s, the
+samples of threads holding the GIL against the engine thread's samples inside vLLM's step. 2086641:
+Celery's consumer 7.6 %, the recorder 3.8 %, task threads 4.6 %, 16 % in all. c12b6d0: consumer 9.9
+% (delivery 5.8 % against 3.8 %: Celery's strategy and thread pool, the dispatcher's hooks, the
+chain started at delivery, the held set), the recorder 7.4 % (the books: refunds, usage, drain
+counts, event lines), task threads 3.4 %, the rescue, heartbeat and tier threads 1.6 %, 22 % in
+all; vLLM's `add_request` 3.0 % against 2.0 %. No one part holds the difference: each feature's
+Python lands in the steps requests join and finish in, under the engine thread's GIL.""",
     "throughput_engine_process": """\
 `bench.throughput` as above, the stack's worker in the layout the README advises for a CPU bulk
 pool: `--engine-process` (the engine steps in a process of its own, fed over a pipe:
