@@ -392,7 +392,22 @@ the engine thread) did not shorten the job: 13.9 and 10.85 s (with `--bulk-reser
 12.1 and 10.85 s, 2318-2371 engine steps against 2335-2453 (direct: 2048). In the job-alone run
 the engine held 62 of 64 sequences (two kept for the interactive tier) and its steps took
 4.6-5.7 ms against direct's 3.5: with both cores busy (`busy_cores_during_job` 1.9), the
-engine's two OpenMP threads share them with the worker's Python wherever that Python runs.""",
+engine's two OpenMP threads share them with the worker's Python wherever that Python runs.
+
+Where the interactive tail during the job waits (2026-12-07, PostgreSQL, two runs with the
+worker's `--step-log`, each interactive request's claim and first token set against the steps
+and against a 100 ms sample of every process's CPU). The slowest waited through steps of one or
+two requests that took 70-140 ms instead of ~5, the engine thread's own CPU 40-45 ms in each:
+its OpenMP team spun at a barrier while another process held a core. At the job's start that was
+the API validating and storing the upload (220 ms of CPU in 0.4 s). At its end it was the bench
+itself: its lookup of the job's completion time started a Django process while the interactive
+tenant still ran. Since 935df0b that lookup waits until the tenant stops; the figures below ran
+with it. One request waited 17 steps after its claim: two interactive requests had joined an
+engine with one sequence free, and vLLM does not preempt a running request for a waiting one of
+higher priority. In the run below the tail is in the fetch instead (enqueue → claim p99 216 ms
+against 62 for claim → first token). A GIL switch interval of 0.5 ms in the worker instead of
+5 ms did not shorten the tail (2 runs each, alternating, commit c12b6d0): p99 during ÷ idle 7.05
+and 5.05 against 4.21 and 8.78.""",
     "deadlines": """\
 When does ordering a tier's queue by deadline (earliest deadline first,
 `llmqueue/queueing/deadline_order.py`) beat FIFO? One tier (max wait 30 s); *urgent* requests
