@@ -41,6 +41,7 @@ run): compare the sides of one run, and re-run before trusting a single figure."
 TITLES = {
     "throughput": "Throughput: the queue vs. vLLM alone",
     "throughput_engine_process": "Throughput with the worker's engine process",
+    "queue_cost": "What one request costs the worker itself",
     "latency": "Added latency of the whole path",
     "headroom": "Interactive headroom on the real engine",
     "scheduling": "Scheduling under overload: interactive SLO vs batch throughput",
@@ -192,6 +193,40 @@ of the tail. With the reserve on PostgreSQL (two runs on 1c710fe) the job gained
 0.818) but the tail did not always hold (p99 during the job 32.1 and 68.6 ms, × 2.34 and 4.26),
 so this entry keeps the README's advice for a pool with interactive traffic: no reserve. Each
 figure above says which database measured it.""",
+    "queue_cost": """\
+`bench.throughput`'s stack side with the simulated engine in place of vLLM: the same
+`submit_prompts` job (`--prompts` prompts × `--max-tokens` tokens, once with one prompt per
+message and once with 8 in every round), one `workers.serve` worker with every slot and dispatch
+option at its default (`--dispatch ours`, the short line, the budget, the deadline sweep, event
+lines and metrics on), results collected from the Redis result backend. The simulated engine
+batches as vLLM does and sleeps its modelled step time (`--time-scale` 0.3: steps of 2-3 ms, as
+the tiny model's), so the worker's CPU is nearly all the queue's own. On the vLLM CPU build the
+same figure moves by a fifth between rounds with the engine's OpenMP team (3.1-4.3 ms in one
+`bench.throughput` run); here the rounds of a run agree within a few percent and runs within
+about 10 %, so it is the number to watch for a regression of the queue's own work.
+
+The goal is issue 10's baseline: 2086641, the last commit before the dispatch policy and its
+bookkeeping. Its worker measured 2.72, 2.58 and 2.53 ms per request at one prompt per message on
+this machine (2026-12-08, each commit's own `bench.throughput` StackRunner with the worker's
+command line swapped for the simulated engine's, 1,200 prompts × 16 tokens, 3 rounds), and
+today's, in the same sitting, 3.71, 3.81 and 3.73 ms: 45 % more. Along the 257 commits between
+(c12b6d0 is the worker of today), every 32nd measured the same way: 2.83-2.89 ms at af82c12,
+3.22-3.59 at b0809c8, 3.32-3.34 at 2d31caf, 3.86-3.92 at 40f54c1, then 3.7-4.1 to today's. The
+cost came in steps of a quarter to half a millisecond, not in one commit: the first 32 brought
+admission's books, the dispatch policy and first-token times; those to b0809c8 the headroom that
+follows demand and the chain started at delivery; those to 40f54c1 metrics, event lines, the held
+set of crash recovery and cancellation.
+
+Where it goes now (py-spy `--gil` on the worker, 1 prompt per message; shares of the samples of
+a thread holding the GIL): Celery's consumer 48 % (kombu's fetch bookkeeping, a pipeline per
+message, 12 %; Celery's strategy 10 %; the ack's script 6 %; the dispatcher's budget and queue
+order 12 %), the recorder 40 % (the books' pipeline 12 %, the results 6 %, claims and finishes in
+the DB 12 %, event lines 6 %), the engine thread's bookkeeping 10 %, task threads 2 %. Turning
+event lines and metrics off (`LLMQUEUE_EVENT_LOG_LEVEL=WARNING`, `LLMQUEUE_METRICS=false`) took
+the recorder from 1.42-1.47 to 1.08-1.23 ms per request and Redis commands from 25.7 to 17.9;
+the worker's whole figure moved less than the run-to-run spread. Looking up each queue's tier and
+more urgent queues once per change of the tiers instead of per BRPOP (not kept) gave 3.81, 3.54,
+4.06 ms against 3.71, 3.74, 4.09 alternating: below what this bench resolves.""",
     "latency": """\
 The simulated engine with zero step time, one worker (`workers.serve --engine simulated
 --sim-time-scale 0`), the API under granian (WSGI, 1 worker × 8 blocking threads,
@@ -509,6 +544,30 @@ commands the Redis server ran (every client: the worker, the bench's submitter a
 collector). `bench/results/throughput.json` has each thread's CPU and each Redis command."""
 
 
+def queue_cost_tables(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for size, figures in (data.get("by_chunk_size") or {}).items():
+        per_round = [dig(r, size, "worker_cpu_ms_per_request") for r in data.get("rounds") or []]
+        rows.append([
+            f"{size} per message",
+            cell(dig(figures, "worker_cpu_ms_per_request")),
+            ", ".join(cell(v) for v in per_round) or "—",
+            cell(dig(figures, "queue_cpu_ms_per_request")),
+            cell(dig(figures, "db_statements_per_request")),
+            cell(dig(figures, "redis_commands_per_request")),
+            cell(dig(figures, "requests_per_second")),
+        ])  # fmt: skip
+    settings = (
+        f"{cell(data.get('prompts'))} prompts × {cell(data.get('max_tokens'))} tokens per job, "
+        f"`max_num_seqs` {cell(data.get('max_num_seqs'))}, time scale "
+        f"{cell(data.get('time_scale'))}, {len(data.get('rounds') or [])} rounds; "
+        f"{cell(data.get('engine'))}."
+    )
+    head = ("messages", "worker CPU ms / request", "per round", "queue's own CPU ms / request",
+            "DB statements / request", "Redis commands / request", "requests/s")  # fmt: skip
+    return [settings, "", *md_table(head, rows)]
+
+
 LATENCY_STAGES = ("http_in_to_enqueue", "enqueue_to_claim", "claim_to_finish", "finish_to_response")
 
 
@@ -774,6 +833,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "scheduling_sweep": scheduling_sweep_tables,
     "throughput": throughput_tables,
     "throughput_engine_process": throughput_tables,
+    "queue_cost": queue_cost_tables,
     "latency": latency_tables,
     "headroom": headroom_tables,
     "admission": admission_tables,

@@ -94,6 +94,15 @@ def throughput_figures(data: dict[str, Any]) -> list[Figure]:
     ]  # fmt: skip
 
 
+def queue_cost_figures(data: dict[str, Any]) -> list[Figure]:
+    # 2.6 ms: issue 10's baseline worker (2086641, before the scheduling features) on this
+    # 2-core machine, 2.53-2.72 ms in three rounds measured the same way (bench/render.py).
+    return [
+        Figure("worker CPU ms per request, 1 prompt per message",
+               number(dig(data, "by_chunk_size", "1", "worker_cpu_ms_per_request")), 2.6, LE),
+    ]  # fmt: skip
+
+
 def latency_figures(data: dict[str, Any]) -> list[Figure]:
     return [
         Figure("p50 ms", number(data.get("p50_ms")), 5.0, LE),
@@ -266,6 +275,8 @@ BENCHES: tuple[Bench, ...] = (
         throughput_figures,
         module="throughput",
     ),
+    # The worker's own CPU per request on the simulated engine: no OpenMP team to blur it.
+    Bench("queue_cost", ("--rounds", "3"), (), queue_cost_figures),
     # 400 requests: p99 is then the 4th slowest, not the slowest.
     Bench("latency", ("--duration", "20"), (), latency_figures),
     # The goal is the queue phase's; the comparison phases (vLLM alone, no headroom) would

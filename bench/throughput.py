@@ -256,7 +256,10 @@ class StackRunner:
     """The stack side: one `workers.serve` worker (the same engine configuration) fed through
     llmqueue's own `submit_prompt`; `run()` times one round of the prompts."""
 
-    def __init__(self, args: argparse.Namespace, started: list[harness.Child]) -> None:
+    def __init__(
+        self, args: argparse.Namespace, started: list[harness.Child], argv: list[str] | None = None
+    ) -> None:
+        """`argv`: the worker's command line, if not the vLLM worker of `worker_argv(args)`."""
         self.args = args
         self.database = harness.bench_database("llmqueue_bench_throughput")
         self.redis_url = harness.redis_url(REDIS_DB)
@@ -274,9 +277,8 @@ class StackRunner:
         self.key = harness.seed(
             env, model=MODEL_NAME, pool=POOL, tier="batch", max_tokens=args.max_tokens
         )
-        argv = worker_argv(args)
         log = harness.RESULTS / "throughput-worker.log"
-        self.worker = harness.start_process("worker", argv, env, log)
+        self.worker = harness.start_process("worker", argv or worker_argv(args), env, log)
         started.append(self.worker)
         harness.wait_for_workers(self.redis_url, POOL, 1, started, timeout_seconds=600)
 
