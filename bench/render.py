@@ -202,8 +202,8 @@ lines and metrics on), results collected from the Redis result backend. The simu
 batches as vLLM does and sleeps its modelled step time (`--time-scale` 0.3: steps of 2-3 ms, as
 the tiny model's), so the worker's CPU is nearly all the queue's own. On the vLLM CPU build the
 same figure moves by a fifth between rounds with the engine's OpenMP team (3.1-4.3 ms in one
-`bench.throughput` run); here the rounds of a run agree within a few percent and runs within
-about 10 %, so it is the number to watch for a regression of the queue's own work.
+`bench.throughput` run); here the rounds of a run agree within a few percent, and runs of one
+commit gave 3.5-4.3 ms over an hour: the number to watch for a regression of the queue's work.
 
 The goal is issue 10's baseline: 2086641, the last commit before the dispatch policy and its
 bookkeeping. Its worker measured 2.72, 2.58 and 2.53 ms per request at one prompt per message on
