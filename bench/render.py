@@ -44,6 +44,7 @@ TITLES = {
     "queue_cost": "What one request costs the worker itself",
     "latency": "Added latency of the whole path",
     "headroom": "Interactive headroom on the real engine",
+    "headroom_engine_process": "Interactive headroom with the worker's engine process",
     "scheduling": "Scheduling under overload: interactive SLO vs batch throughput",
     "scheduling_sweep": "Scheduling beyond the tuned traffic: seeds, arrival modes, length mixes",
     "admission": "Admission under load",
@@ -168,6 +169,16 @@ one-thread round is 1.2-1.3 cores: the engine's core is busy, the other mostly i
 left is the engine's own step: 4.6-5.1 ms on one thread against direct's 4.1 on two. Pinning the
 engine process to one core and the worker to the other gave nothing more (0.854 / 0.810 against
 0.865 / 0.813 unpinned, same sitting).""",
+    "headroom_engine_process": """\
+`bench.headroom`'s queue phase as above, the worker with `--engine-process`: the engine in a
+process of its own on `--engine-cpu-threads` threads, fed over a pipe (workers/engine_process.py).
+The child steps without waiting for the worker, so a step is shorter than the engine thread's and
+a request's trip from Redis to the engine spans more of them; on an earlier day (worker code of
+92792b1) that gave p99 waits of 3 and 4 steps against 2 and 2 with the engine thread. On
+2026-12-08 (commit 5b06f8d), 4 runs one after the other all gave p99 2 steps (max 9, 2, 5 and
+5), publish → claim p50 1.6-1.9 ms, step p50 5.3-6.2 ms, and 16-21 of the 200 requests took the
+second step after their claim. Measured here with every `make bench` so the layout the README
+advises for pools with bulk work has its headroom figure beside its throughput.""",
     "bulk_engine_process": """\
 `bench.bulk`'s vllm phase as above (its other phases never run the worker's engine), the worker
 with `--engine-process`: the engine in a process of its own on every core but one. No bulk
@@ -836,6 +847,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "queue_cost": queue_cost_tables,
     "latency": latency_tables,
     "headroom": headroom_tables,
+    "headroom_engine_process": headroom_tables,
     "admission": admission_tables,
     "deadlines": deadlines_tables,
     "metrics_overhead": metrics_overhead_tables,

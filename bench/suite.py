@@ -261,6 +261,7 @@ class Bench:
 
 ENGINE_PROCESS = ("--engine-core", "child", "--bulk-reserve", "-1")
 BULK_ENGINE_PROCESS = ("--phases", "vllm", "--engine-core", "child")
+HEADROOM_ENGINE_PROCESS = ("--engine-core", "child")
 # Quick forms: the same measurement with fewer repetitions, sized so the whole suite takes about
 # 10-12 minutes on 2 cores (most of it engine loads and the scheduling bench's 3 × 2 runs).
 BENCHES: tuple[Bench, ...] = (
@@ -282,6 +283,15 @@ BENCHES: tuple[Bench, ...] = (
     # The goal is the queue phase's; the comparison phases (vLLM alone, no headroom) would
     # about triple the run.
     Bench("headroom", ("--phases", "queue"), (), headroom_figures),
+    # The same against the worker's engine process (README: the CPU build's layout for pools
+    # with bulk work), so its headroom is measured beside its throughput, not quoted.
+    Bench(
+        "headroom_engine_process",
+        ("--phases", "queue", *HEADROOM_ENGINE_PROCESS),
+        HEADROOM_ENGINE_PROCESS,
+        headroom_figures,
+        module="headroom",
+    ),
     # The bench's own quick form: 30 s windows, a 4× capacity burst.
     Bench("scheduling", ("--quick",), (), scheduling_figures),
     # Quick: Poisson arrivals at 1.2× (3 seeds × 2 length mixes, ~15 min); full: both arrival

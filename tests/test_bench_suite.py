@@ -45,7 +45,8 @@ def test_scheduling_reports_the_worst_seed_of_a_sweep():
 def test_every_bench_runs_with_its_out_flag_and_quick_forms_differ_from_full():
     names = [bench.name for bench in suite.BENCHES]
     assert names == ["throughput", "throughput_engine_process", "queue_cost", "latency", "headroom",
-                     "scheduling", "scheduling_sweep", "admission", "deadlines",
+                     "headroom_engine_process", "scheduling", "scheduling_sweep", "admission",
+                     "deadlines",
                      "metrics_overhead", "bulk", "bulk_engine_process", "overload",
                      "reliability"]  # fmt: skip
     # Every module under bench/ that writes a result is one of them.
