@@ -537,20 +537,31 @@ def throughput_tables(data: dict[str, Any]) -> list[str]:
             cell(dig(figures, "ratio")),
             ", ".join(cell(r) for r in dig(figures, "round_ratios") or []) or "—",
             cell(dig(figures, "stack_steps")),
-            cell(dig(figures, "worker_cpu_ms_per_request")),
-            cell(dig(figures, "queue_cpu_ms_per_request")),
-            cell(dig(figures, "db_statements_per_request")),
-            cell(dig(figures, "redis_commands_per_request")),
+            *cost_cells(figures),
         ])  # fmt: skip
-    settings = (
-        f"{cell(data.get('prompts'))} prompts × {cell(data.get('max_tokens'))} tokens, "
-        f"`max_num_seqs` {cell(data.get('max_num_seqs'))}, {cell(data.get('slots'))} task slots, "
+    settings = run_settings(data, f"{cell(data.get('slots'))} task slots")
+    head = ("side", "median s", "ratio", "ratio per round", "engine steps", *COST_HEADS)
+    return [settings, "", *md_table(head, rows), "", THROUGHPUT_COST_NOTE]
+
+
+COST_FIGURES = ("worker_cpu_ms_per_request", "queue_cpu_ms_per_request",
+                "db_statements_per_request", "redis_commands_per_request")  # fmt: skip
+COST_HEADS = ("worker CPU ms / request", "queue's own CPU ms / request",
+              "DB statements / request", "Redis commands / request")  # fmt: skip
+
+
+def run_settings(data: dict[str, Any], middle: str, per_job: str = "") -> str:
+    """The line under a bench.throughput or bench.queue_cost section: what one run was."""
+    return (
+        f"{cell(data.get('prompts'))} prompts × {cell(data.get('max_tokens'))} tokens{per_job}, "
+        f"`max_num_seqs` {cell(data.get('max_num_seqs'))}, {middle}, "
         f"{len(data.get('rounds') or [])} rounds; {cell(data.get('engine'))}."
     )
-    head = ("side", "median s", "ratio", "ratio per round", "engine steps",
-            "worker CPU ms / request", "queue's own CPU ms / request",
-            "DB statements / request", "Redis commands / request")  # fmt: skip
-    return [settings, "", *md_table(head, rows), "", THROUGHPUT_COST_NOTE]
+
+
+def cost_cells(figures: Any) -> list[str]:
+    """A run's cost per request (bench.throughput, bench.queue_cost): CPU, DB, Redis."""
+    return [cell(dig(figures, key)) for key in COST_FIGURES]
 
 
 THROUGHPUT_COST_NOTE = """\
@@ -567,21 +578,12 @@ def queue_cost_tables(data: dict[str, Any]) -> list[str]:
         per_round = [dig(r, size, "worker_cpu_ms_per_request") for r in data.get("rounds") or []]
         rows.append([
             f"{size} per message",
-            cell(dig(figures, "worker_cpu_ms_per_request")),
             ", ".join(cell(v) for v in per_round) or "—",
-            cell(dig(figures, "queue_cpu_ms_per_request")),
-            cell(dig(figures, "db_statements_per_request")),
-            cell(dig(figures, "redis_commands_per_request")),
+            *cost_cells(figures),
             cell(dig(figures, "requests_per_second")),
         ])  # fmt: skip
-    settings = (
-        f"{cell(data.get('prompts'))} prompts × {cell(data.get('max_tokens'))} tokens per job, "
-        f"`max_num_seqs` {cell(data.get('max_num_seqs'))}, time scale "
-        f"{cell(data.get('time_scale'))}, {len(data.get('rounds') or [])} rounds; "
-        f"{cell(data.get('engine'))}."
-    )
-    head = ("messages", "worker CPU ms / request", "per round", "queue's own CPU ms / request",
-            "DB statements / request", "Redis commands / request", "requests/s")  # fmt: skip
+    settings = run_settings(data, f"time scale {cell(data.get('time_scale'))}", " per job")
+    head = ("messages", "worker CPU ms / request, per round", *COST_HEADS, "requests/s")
     return [settings, "", *md_table(head, rows)]
 
 
